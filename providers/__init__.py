@@ -1,0 +1,64 @@
+"""External senders: the Provider seam, APNs and FCM, their errors, and stable send ids.
+
+`providers.fakes` holds local fake APNs and FCM servers for tests and demos.
+The APNs and FCM names load on first use, so the rest works without the `push` extra.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from providers.errors import (
+    InvalidDeviceToken,
+    PermanentProviderError,
+    ProviderError,
+    TransientProviderError,
+    UnknownOutcomeError,
+)
+from providers.ids import SendIds, send_ids
+from providers.provider import Provider, ProviderReceipt
+from providers.push import Notification, Platform, Priority, Push, Target
+from providers.recording import RecordedSend, RecordingProvider
+from providers.routing import PlatformRouter
+
+if TYPE_CHECKING:
+    from providers.apns import ApnsProvider, ApnsSettings
+    from providers.fcm import FcmProvider, FcmSettings
+
+_LAZY = {
+    "ApnsProvider": "providers.apns",
+    "ApnsSettings": "providers.apns",
+    "FcmProvider": "providers.fcm",
+    "FcmSettings": "providers.fcm",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'providers' has no attribute {name!r}")
+
+
+__all__ = [
+    "ApnsProvider",
+    "ApnsSettings",
+    "FcmProvider",
+    "FcmSettings",
+    "InvalidDeviceToken",
+    "Notification",
+    "PermanentProviderError",
+    "Platform",
+    "PlatformRouter",
+    "Priority",
+    "Provider",
+    "ProviderError",
+    "ProviderReceipt",
+    "Push",
+    "RecordedSend",
+    "RecordingProvider",
+    "SendIds",
+    "Target",
+    "TransientProviderError",
+    "UnknownOutcomeError",
+    "send_ids",
+]

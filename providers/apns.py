@@ -1,0 +1,332 @@
+"""APNs through aioapns, with its resend and hang traps closed.
+
+aioapns opens the TLS connections and signs the JWT; this module owns what goes on
+the wire, because aioapns' own send path can send one push twice or hang:
+
+(a) a dropped connection: aioapns resends the in-flight requests. Here they fail
+    with `UnknownOutcomeError`; nothing is ever resent (its send loop is never used).
+(b) cancelling a send: aioapns later hangs or resends the connection's other
+    requests. Here a send on the wire is never cancelled (shielded); on timeout the
+    connection is abandoned (no new streams) and closed once its streams end.
+(c) no flow-control credit: every received DATA frame is acknowledged, and a
+    response body is parsed once its stream ends, however many frames it came in.
+(d) `pool.close()` resends in-flight requests on a new connection. `aclose()`
+    drains, then closes; a request still in flight ends as `UnknownOutcomeError`.
+(e) two sends with one apns-id on one connection: answers are matched by stream
+    id, never by apns-id.
+
+One `send` is one attempt: exactly one request reaches APNs, or none
+(`TransientProviderError`), or the outcome is unknown (`UnknownOutcomeError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from aioapns.connection import (
+    APNsBaseConnectionPool,
+    APNsCertConnectionPool,
+    APNsKeyConnectionPool,
+    APNsTLSClientProtocol,
+)
+from aioapns.exceptions import ConnectionError as ApnsConnectionError
+from h2.events import (
+    ConnectionTerminated,
+    DataReceived,
+    RemoteSettingsChanged,
+    ResponseReceived,
+    StreamEnded,
+    StreamReset,
+    WindowUpdated,
+)
+from h2.exceptions import H2Error, NoAvailableStreamIDError
+
+from providers.apns_wire import Answer, Lost, Outcome, apns_request, apns_result
+from providers.errors import PermanentProviderError, TransientProviderError, UnknownOutcomeError
+from providers.ids import SendIds
+from providers.provider import ProviderReceipt
+from providers.push import Platform, Push
+
+log = structlog.get_logger(__name__)
+
+PRODUCTION_HOST = "api.push.apple.com"
+SANDBOX_HOST = "api.sandbox.push.apple.com"
+MAX_STREAMS_PER_CONNECTION = 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApnsSettings:
+    """How to reach APNs and who we are.
+
+    Auth is a token key (`key`: the .p8 PEM text, `key_id`, `team_id`) or a client
+    certificate (`cert_file`, PEM with its key). `host` defaults to Apple's
+    production or sandbox host (`use_sandbox`). Server trust: `ssl_context`, or
+    `ca_file`, or the system store.
+    """
+
+    topic: str
+    key: str | None = None
+    key_id: str | None = None
+    team_id: str | None = None
+    cert_file: str | None = None
+    host: str | None = None
+    port: int = 443
+    use_sandbox: bool = False
+    ca_file: str | None = None
+    ssl_context: ssl.SSLContext | None = None
+    timeout_seconds: float = 10.0
+    max_connections: int = 10
+
+
+@dataclass(slots=True)
+class _Stream:
+    answer: asyncio.Future[Outcome]
+    status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytearray = field(default_factory=bytearray)
+
+
+class _ExactlyOnceProtocol(APNsTLSClientProtocol):
+    """One connection: streams keyed by id, data acknowledged, nothing ever resent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.streams: dict[int, _Stream] = {}
+        self.abandoned = False
+        self.closed = self.loop.create_future()
+        self.window_opened = asyncio.Event()
+
+    @property
+    def is_busy(self) -> bool:
+        limit = min(self.conn.remote_settings.max_concurrent_streams, MAX_STREAMS_PER_CONNECTION)
+        return self.abandoned or self.closed.done() or len(self.streams) >= limit
+
+    def can_write(self, size: int) -> bool:
+        window = min(
+            self.conn.outbound_flow_control_window,
+            self.conn.remote_settings.initial_window_size,
+        )
+        return size <= window
+
+    def start(self, headers: list[tuple[str, str]], body: bytes) -> asyncio.Future[Outcome]:
+        """Write one request now, with no await in between: nothing can cancel it half-way."""
+        if self.is_busy or self.transport is None or self.transport.is_closing():
+            raise _NotSentError("ConnectionUnavailable")
+        try:
+            stream_id = self.conn.get_next_available_stream_id()
+        except NoAvailableStreamIDError:
+            self.abandon()
+            raise _NotSentError("StreamIdsExhausted") from None
+        if self.auth_provider is not None:
+            headers = [*headers, ("authorization", self.auth_provider.get_header())]
+        self.conn.send_headers(stream_id, headers)
+        frame = self.conn.max_outbound_frame_size
+        chunks = [body[i : i + frame] for i in range(0, len(body), frame)] or [b""]
+        for i, chunk in enumerate(chunks):
+            self.conn.send_data(stream_id, chunk, end_stream=i == len(chunks) - 1)
+        stream = _Stream(answer=self.loop.create_future())
+        self.streams[stream_id] = stream
+        self.flush()
+        return stream.answer
+
+    def abandon(self) -> None:
+        """No new streams here; close once the open ones end, or after the inactivity time."""
+        self.abandoned = True
+        if not self.streams:
+            self.close()
+        else:
+            self.loop.call_later(self.INACTIVITY_TIME, self.close)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive_data(data)
+        except H2Error as exc:
+            log.warning("apns_protocol_error", error=str(exc))
+            self.close()
+            return
+        for event in events:
+            if isinstance(event, ResponseReceived) and event.stream_id in self.streams:
+                headers = {k.decode(): v.decode() for k, v in event.headers or ()}
+                self.streams[event.stream_id].headers = headers
+            elif isinstance(event, DataReceived) and event.stream_id is not None:
+                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                if (stream := self.streams.get(event.stream_id)) is not None:
+                    stream.body.extend(event.data or b"")
+            elif isinstance(event, StreamEnded) and event.stream_id is not None:
+                self._answer(event.stream_id)
+            elif isinstance(event, StreamReset) and event.stream_id is not None:
+                self._finish(event.stream_id, Lost(reason=f"StreamReset({event.error_code})"))
+            elif isinstance(event, ConnectionTerminated):
+                self._terminated(event.last_stream_id or 0)
+            elif isinstance(event, WindowUpdated | RemoteSettingsChanged):
+                self.window_opened.set()
+        self.flush()
+
+    def flush(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            super().flush()
+
+    def refresh_inactivity_timer(self) -> None:
+        if self.inactivity_timer:
+            self.inactivity_timer.cancel()
+        self.inactivity_timer = self.loop.call_later(self.INACTIVITY_TIME, self._close_if_idle)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.inactivity_timer:
+            self.inactivity_timer.cancel()
+        if self.on_connection_lost:
+            self.on_connection_lost(self)
+        for stream_id in list(self.streams):
+            self._finish(stream_id, Lost(reason="ConnectionLost"))
+        self.window_opened.set()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def _close_if_idle(self) -> None:
+        if not self.streams:
+            self.close()
+
+    def _answer(self, stream_id: int) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return
+        status = int(stream.headers.get(":status", "0"))
+        self._finish(
+            stream_id, Answer(status=status, headers=stream.headers, body=bytes(stream.body))
+        )
+
+    def _finish(self, stream_id: int, outcome: Outcome) -> None:
+        stream = self.streams.pop(stream_id, None)
+        if stream is not None and not stream.answer.done():
+            stream.answer.set_result(outcome)
+        if self.abandoned and not self.streams:
+            self.close()
+
+    def _terminated(self, last_stream_id: int) -> None:
+        """GOAWAY: streams above last_stream_id were never processed; the rest may have been."""
+        self.abandoned = True
+        for stream_id in [s for s in self.streams if s > last_stream_id]:
+            self._finish(stream_id, Lost(reason="GoAway", processed=False))
+        self.close()
+
+
+class _NotSentError(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ApnsProvider:
+    """Sends iOS pushes to APNs over HTTP/2, one request per attempt, never resent."""
+
+    name = "apns"
+
+    def __init__(self, settings: ApnsSettings) -> None:
+        has_key = bool(settings.key and settings.key_id and settings.team_id)
+        if has_key == bool(settings.cert_file):
+            raise ValueError("ApnsSettings needs either key, key_id and team_id, or cert_file")
+        self.settings = settings
+        self._pool: APNsBaseConnectionPool | None = None
+        self._closing = False
+
+    async def send(self, push: Push, ids: SendIds) -> ProviderReceipt:
+        if push.target.platform is not Platform.IOS:
+            raise PermanentProviderError("UnsupportedPlatform", provider=self.name)
+        headers, body = apns_request(push, ids, host=self._host(), topic=self.settings.topic)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.timeout_seconds
+        try:
+            async with asyncio.timeout_at(deadline):
+                connection = await self._writable_connection(len(body))
+        except TimeoutError:
+            raise TransientProviderError("NoConnectionAvailable", provider=self.name) from None
+        try:
+            answer = connection.start(headers, body)
+        except _NotSentError as exc:
+            raise TransientProviderError(exc.reason, provider=self.name) from exc
+        try:
+            outcome = await asyncio.wait_for(asyncio.shield(answer), deadline - loop.time())
+        except TimeoutError:
+            connection.abandon()
+            raise UnknownOutcomeError("Timeout", provider=self.name) from None
+        return apns_result(outcome, sent_apns_id=ids.apns_id, provider=self.name)
+
+    async def aclose(self) -> None:
+        """Stop taking sends, let in-flight ones finish (up to the timeout), close connections."""
+        self._closing = True
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        connections = [c for c in pool.connections if isinstance(c, _ExactlyOnceProtocol)]
+        pending = [s.answer for c in connections for s in c.streams.values()]
+        if pending:
+            await asyncio.wait(pending, timeout=self.settings.timeout_seconds)
+        for connection in connections:
+            connection.close()
+        if connections:
+            _, stuck = await asyncio.wait([c.closed for c in connections], timeout=1.0)
+            for connection in connections:
+                if connection.closed in stuck and connection.transport is not None:
+                    connection.transport.abort()
+
+    async def _writable_connection(self, size: int) -> _ExactlyOnceProtocol:
+        while True:
+            if self._closing:
+                raise TransientProviderError("ProviderClosed", provider=self.name)
+            try:
+                connection = await self._connection_pool().acquire()
+            except ApnsConnectionError as exc:
+                raise TransientProviderError("ConnectFailed", provider=self.name) from exc
+            assert isinstance(connection, _ExactlyOnceProtocol)
+            if self._closing:
+                connection.close()
+                continue
+            if connection.can_write(size):
+                return connection
+            connection.window_opened.clear()
+            await connection.window_opened.wait()
+
+    def _host(self) -> str:
+        if self.settings.host is not None:
+            return self.settings.host
+        return SANDBOX_HOST if self.settings.use_sandbox else PRODUCTION_HOST
+
+    def _connection_pool(self) -> APNsBaseConnectionPool:
+        """Made on first use, inside the running loop (aioapns binds the loop at creation)."""
+        if self._pool is not None:
+            return self._pool
+        s = self.settings
+        context = s.ssl_context or ssl.create_default_context(cafile=s.ca_file)
+        context.set_alpn_protocols(["h2"])
+        pool: APNsBaseConnectionPool
+        if s.cert_file is not None:
+            pool = APNsCertConnectionPool(
+                cert_file=s.cert_file,
+                topic=s.topic,
+                max_connections=s.max_connections,
+                use_sandbox=s.use_sandbox,
+                ssl_context=context,
+            )
+        else:
+            assert s.key is not None and s.key_id is not None and s.team_id is not None
+            pool = APNsKeyConnectionPool(
+                key=s.key,
+                key_id=s.key_id,
+                team_id=s.team_id,
+                topic=s.topic,
+                max_connections=s.max_connections,
+                use_sandbox=s.use_sandbox,
+                ssl_context=context,
+            )
+        # aioapns connects to the protocol class' APNS_SERVER/APNS_PORT: a class per provider.
+        pool.protocol_class = type(
+            "ApnsConnection",
+            (_ExactlyOnceProtocol,),
+            {"APNS_SERVER": self._host(), "APNS_PORT": s.port},
+        )
+        self._pool = pool
+        return pool

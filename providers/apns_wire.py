@@ -1,0 +1,121 @@
+"""What goes on the APNs wire for one push, and what its answer means.
+
+Answers map to the error tree (see `providers.errors`):
+200 -> receipt (the answered apns-id); 400 BadDeviceToken / DeviceTokenNotForTopic,
+410 Unregistered / ExpiredToken -> InvalidDeviceToken; 429, 5xx and the provider
+token errors (403 ExpiredProviderToken, TooManyProviderTokenUpdates) -> transient,
+Retry-After honoured; any other 4xx -> permanent.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from providers.errors import (
+    InvalidDeviceToken,
+    PermanentProviderError,
+    TransientProviderError,
+    UnknownOutcomeError,
+    retry_after_seconds,
+)
+from providers.ids import SendIds
+from providers.provider import ProviderReceipt
+from providers.push import Priority, Push
+
+INVALID_TOKEN_REASONS = frozenset(
+    {"BadDeviceToken", "DeviceTokenNotForTopic", "Unregistered", "ExpiredToken"}
+)
+TRANSIENT_REASONS = frozenset(
+    {"ExpiredProviderToken", "TooManyProviderTokenUpdates", "TooManyRequests", "Shutdown"}
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Answer:
+    """APNs answered this stream: its status, headers and whole body."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lost:
+    """The stream ended without an answer; `processed=False` only when APNs said so (GOAWAY)."""
+
+    reason: str
+    processed: bool = True
+
+
+Outcome = Answer | Lost
+
+
+def apns_request(
+    push: Push, ids: SendIds, *, host: str, topic: str
+) -> tuple[list[tuple[str, str]], bytes]:
+    """The HTTP/2 request headers and JSON body of one push."""
+    push_type = push.effective_push_type
+    headers = [
+        (":method", "POST"),
+        (":scheme", "https"),
+        (":path", f"/3/device/{push.target.token}"),
+        ("host", host),
+        ("apns-id", ids.apns_id),
+        ("apns-topic", topic),
+        ("apns-push-type", push_type),
+        ("apns-collapse-id", ids.collapse_id),
+    ]
+    priority = push.priority or (Priority.NORMAL if push_type == "background" else None)
+    if priority is not None:
+        headers.append(("apns-priority", "10" if priority is Priority.HIGH else "5"))
+    if push.ttl_seconds is not None:
+        expiration = 0 if push.ttl_seconds <= 0 else int(time.time()) + push.ttl_seconds
+        headers.append(("apns-expiration", str(expiration)))
+    return headers, json.dumps(apns_payload(push), ensure_ascii=False).encode()
+
+
+def apns_payload(push: Push) -> dict[str, Any]:
+    """The JSON payload: the `aps` dictionary plus the app's data as top-level keys."""
+    note = push.notification
+    aps: dict[str, Any] = {}
+    alert = {k: v for k, v in (("title", note.title), ("body", note.body)) if v is not None}
+    if alert:
+        aps["alert"] = alert
+    if push.effective_push_type == "background":
+        aps["content-available"] = 1
+    return {**note.data, "aps": aps}
+
+
+def apns_result(outcome: Outcome, *, sent_apns_id: str, provider: str) -> ProviderReceipt:
+    """The receipt of an accepted push (the answered apns-id); raises the error otherwise."""
+    if isinstance(outcome, Lost):
+        if outcome.processed:
+            raise UnknownOutcomeError(outcome.reason, provider=provider)
+        raise TransientProviderError(outcome.reason, provider=provider)
+    status = outcome.status
+    if status == 200:
+        return ProviderReceipt(
+            provider=provider, provider_message_id=outcome.headers.get("apns-id", sent_apns_id)
+        )
+    reason = _reason(outcome.body) or f"HTTP{status}"
+    if reason in INVALID_TOKEN_REASONS or status == 410:
+        raise InvalidDeviceToken(reason, status=status, provider=provider)
+    if status == 429 or status >= 500 or reason in TRANSIENT_REASONS:
+        retry_after = retry_after_seconds(outcome.headers.get("retry-after"))
+        raise TransientProviderError(
+            reason, status=status, provider=provider, retry_after=retry_after
+        )
+    raise PermanentProviderError(reason, status=status, provider=provider)
+
+
+def _reason(body: bytes) -> str | None:
+    try:
+        decoded = json.loads(body)
+    except ValueError:
+        return None
+    reason = decoded.get("reason") if isinstance(decoded, dict) else None
+    return reason if isinstance(reason, str) else None

@@ -1,0 +1,330 @@
+"""A local APNs: HTTP/2 over TLS on 127.0.0.1, answering like Apple, recording every request.
+
+```python
+async with FakeApns() as apns:
+    apns.script("dead-token", status=410)
+    provider = ApnsProvider(apns.settings())
+```
+
+Built on h2 directly (not an ASGI server): every answer is one HEADERS frame, plus
+one body that is split into DATA frames only as flow control demands, like APNs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.events import (
+    ConnectionTerminated,
+    DataReceived,
+    RequestReceived,
+    StreamEnded,
+    StreamReset,
+    WindowUpdated,
+)
+from h2.exceptions import H2Error
+from h2.settings import SettingCodes
+
+from providers.apns import ApnsSettings
+from providers.fakes.tls import LocalCertificates, make_apns_signing_key, make_local_certificates
+
+DEFAULT_REASONS = {
+    400: "BadDeviceToken",
+    403: "InvalidProviderToken",
+    410: "Unregistered",
+    413: "PayloadTooLarge",
+    429: "TooManyRequests",
+    500: "InternalServerError",
+    503: "ServiceUnavailable",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApnsReply:
+    """How the fake answers: after `latency` seconds, `status` and `reason`, or drop the
+    connection (after reading the request, before answering)."""
+
+    status: int = 200
+    reason: str | None = None
+    latency: float = 0.0
+    drop: bool = False
+    retry_after: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApnsRequest:
+    """One request as the fake read it."""
+
+    token: str
+    apns_id: str
+    collapse_id: str | None
+    headers: Mapping[str, str]
+    body: bytes
+    received_at: float
+    connection_id: int
+    stream_id: int
+
+    @property
+    def payload(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass(slots=True)
+class _Script:
+    reply: ApnsReply
+    remaining: int | None
+
+
+class FakeApns:
+    """A fake APNs server; `.requests` lists what it read, `.script()` sets its answers."""
+
+    def __init__(self, *, topic: str = "com.example.app", max_concurrent_streams: int = 1000):
+        self.topic = topic
+        self.max_concurrent_streams = max_concurrent_streams
+        self.requests: list[ApnsRequest] = []
+        self.connections_opened = 0
+        self._scripts: dict[str, deque[_Script]] = {}
+        self._connections: set[_ServerConnection] = set()
+        self._server: asyncio.Server | None = None
+        self._directory: tempfile.TemporaryDirectory[str] | None = None
+        self._certificates: LocalCertificates | None = None
+        self._signing_key = make_apns_signing_key()
+
+    async def __aenter__(self) -> Self:
+        self._directory = tempfile.TemporaryDirectory(prefix="fake-apns-")
+        self._certificates = make_local_certificates(Path(self._directory.name))
+        self._server = await asyncio.get_running_loop().create_server(
+            self._accept, "127.0.0.1", 0, ssl=self._certificates.server_context()
+        )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self._connections):
+            connection.drop()
+        closed = [c.closed for c in self._connections]
+        if closed:
+            await asyncio.wait(closed, timeout=2.0)
+        if self._server is not None:
+            await self._server.wait_closed()
+        if self._directory is not None:
+            self._directory.cleanup()
+
+    @property
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "use FakeApns as an async context manager"
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    @property
+    def ca_file(self) -> Path:
+        assert self._certificates is not None, "use FakeApns as an async context manager"
+        return self._certificates.ca_file
+
+    def settings(self, **overrides: Any) -> ApnsSettings:
+        """ApnsSettings that reach this fake with token auth (a fresh P-256 key)."""
+        values: dict[str, Any] = {
+            "topic": self.topic,
+            "key": self._signing_key,
+            "key_id": "FAKEKEY123",
+            "team_id": "FAKETEAM12",
+            "host": self.host,
+            "port": self.port,
+            "ca_file": str(self.ca_file),
+        }
+        return ApnsSettings(**(values | overrides))
+
+    def script(
+        self,
+        token: str,
+        *,
+        status: int = 200,
+        reason: str | None = None,
+        latency: float = 0.0,
+        drop: bool = False,
+        retry_after: int | None = None,
+        times: int | None = None,
+    ) -> None:
+        """Answer `token`'s next `times` requests (all, if None) this way; scripts queue up."""
+        reason = reason if reason is not None or status == 200 else DEFAULT_REASONS.get(status)
+        reply = ApnsReply(
+            status=status, reason=reason, latency=latency, drop=drop, retry_after=retry_after
+        )
+        self._scripts.setdefault(token, deque()).append(_Script(reply=reply, remaining=times))
+
+    def requests_for(self, token: str) -> list[ApnsRequest]:
+        return [r for r in self.requests if r.token == token]
+
+    def drop_connections(self) -> None:
+        """Cut every open connection now, without answering."""
+        for connection in list(self._connections):
+            connection.drop()
+
+    def reply_for(self, token: str) -> ApnsReply:
+        scripts = self._scripts.get(token)
+        while scripts:
+            script = scripts[0]
+            if script.remaining is None:
+                return script.reply
+            if script.remaining > 0:
+                script.remaining -= 1
+                return script.reply
+            scripts.popleft()
+        return ApnsReply()
+
+    def _accept(self) -> _ServerConnection:
+        self.connections_opened += 1
+        connection = _ServerConnection(self, self.connections_opened)
+        self._connections.add(connection)
+        connection.closed.add_done_callback(lambda _: self._connections.discard(connection))
+        return connection
+
+
+@dataclass(slots=True)
+class _Incoming:
+    headers: dict[str, str]
+    body: bytearray = field(default_factory=bytearray)
+
+
+class _ServerConnection(asyncio.Protocol):
+    def __init__(self, fake: FakeApns, connection_id: int) -> None:
+        self.fake = fake
+        self.connection_id = connection_id
+        self.h2 = H2Connection(H2Configuration(client_side=False, header_encoding="utf-8"))
+        self.transport: asyncio.Transport | None = None
+        self.incoming: dict[int, _Incoming] = {}
+        self.outgoing: dict[int, bytes] = {}
+        self.timers: dict[int, asyncio.TimerHandle] = {}
+        self.loop = asyncio.get_running_loop()
+        self.closed: asyncio.Future[None] = self.loop.create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.h2.initiate_connection()
+        max_streams = self.fake.max_concurrent_streams
+        self.h2.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: max_streams})
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def drop(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def flush(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(self.h2.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.h2.receive_data(data)
+        except H2Error:
+            self.drop()
+            return
+        for event in events:
+            if isinstance(event, RequestReceived) and event.stream_id is not None:
+                headers = {str(k): str(v) for k, v in event.headers or ()}
+                self.incoming[event.stream_id] = _Incoming(headers=headers)
+            elif isinstance(event, DataReceived) and event.stream_id is not None:
+                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                if (incoming := self.incoming.get(event.stream_id)) is not None:
+                    incoming.body.extend(event.data or b"")
+            elif isinstance(event, StreamEnded) and event.stream_id is not None:
+                self.request_complete(event.stream_id)
+            elif isinstance(event, StreamReset) and event.stream_id is not None:
+                self.incoming.pop(event.stream_id, None)
+                self.outgoing.pop(event.stream_id, None)
+            elif isinstance(event, WindowUpdated):
+                self.pump()
+            elif isinstance(event, ConnectionTerminated):
+                self.drop()
+        self.flush()
+
+    def request_complete(self, stream_id: int) -> None:
+        incoming = self.incoming.pop(stream_id, None)
+        if incoming is None:
+            return
+        token = incoming.headers.get(":path", "").rsplit("/", 1)[-1]
+        apns_id = incoming.headers.get("apns-id", "")
+        self.fake.requests.append(
+            ApnsRequest(
+                token=token,
+                apns_id=apns_id,
+                collapse_id=incoming.headers.get("apns-collapse-id"),
+                headers=incoming.headers,
+                body=bytes(incoming.body),
+                received_at=time.monotonic(),
+                connection_id=self.connection_id,
+                stream_id=stream_id,
+            )
+        )
+        reply = self.fake.reply_for(token)
+        if reply.latency > 0:
+            timer = self.loop.call_later(reply.latency, self.answer, stream_id, apns_id, reply)
+            self.timers[stream_id] = timer
+        else:
+            self.answer(stream_id, apns_id, reply)
+
+    def answer(self, stream_id: int, apns_id: str, reply: ApnsReply) -> None:
+        self.timers.pop(stream_id, None)
+        if reply.drop:
+            self.drop()
+            return
+        if self.transport is None or self.transport.is_closing():
+            return
+        headers = [(":status", str(reply.status)), ("apns-id", apns_id)]
+        if reply.retry_after is not None:
+            headers.append(("retry-after", str(reply.retry_after)))
+        body = b""
+        if reply.status != 200:
+            error: dict[str, Any] = {"reason": reply.reason or f"HTTP{reply.status}"}
+            if reply.status == 410:
+                error["timestamp"] = int(time.time() * 1000)
+            body = json.dumps(error, separators=(",", ":")).encode()
+            headers.append(("content-type", "application/json"))
+        try:
+            self.h2.send_headers(stream_id, headers, end_stream=not body)
+        except H2Error:
+            return  # the client reset or closed the stream meanwhile
+        if body:
+            self.outgoing[stream_id] = body
+            self.pump()
+        self.flush()
+
+    def pump(self) -> None:
+        """Send pending bodies as far as flow control allows; the rest on WINDOW_UPDATE."""
+        for stream_id, body in list(self.outgoing.items()):
+            try:
+                window = self.h2.local_flow_control_window(stream_id)
+            except H2Error:
+                del self.outgoing[stream_id]
+                continue
+            size = min(window, self.h2.max_outbound_frame_size, len(body))
+            if size <= 0:
+                continue
+            done = size == len(body)
+            self.h2.send_data(stream_id, body[:size], end_stream=done)
+            if done:
+                del self.outgoing[stream_id]
+            else:
+                self.outgoing[stream_id] = body[size:]

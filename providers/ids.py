@@ -1,0 +1,82 @@
+"""Deterministic send ids: the same job always sends with the same ids.
+
+A resent push (after a crash, with the `resend` policy) carries the apns-id and the
+collapse ids of the first attempt, so APNs and FCM collapse the duplicate on the
+device. `apns_id` is per target (two devices of one job never share an apns-id);
+the collapse ids are per job (every device of a job collapses the same way).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import uuid
+from dataclasses import dataclass
+
+APNS_ID_NAMESPACE = uuid.UUID("c74a13a6-1eac-55e1-a09c-c2f131de515e")
+"""uuid5(NAMESPACE_URL, ".../idempotent-workers/apns-id"), fixed: changing it changes every id."""
+
+COLLAPSE_ID_MAX_BYTES = 64
+"""APNs rejects an apns-collapse-id longer than 64 bytes."""
+
+WEBPUSH_TOPIC_MAX_CHARS = 32
+"""RFC 8030: a Topic is at most 32 characters of the URL-safe base64 alphabet."""
+
+_HEADER_SAFE = re.compile(r"[\x21-\x7e]*")
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]*")
+_DIGEST_CHARS = 43  # an unpadded base64url SHA-256
+_READABLE_PREFIX_CHARS = COLLAPSE_ID_MAX_BYTES - _DIGEST_CHARS - 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendIds:
+    """The ids one push is sent with.
+
+    apns_id           a UUID string: APNs apns-id (echoed back as the provider message id)
+    collapse_id       <= 64 printable ASCII bytes: APNs apns-collapse-id, also sent by FCM
+                      in apns.headers
+    fcm_collapse_key  FCM android.collapse_key and android.notification.tag
+    webpush_topic     <= 32 URL-safe base64 characters: the Web Push Topic header
+    """
+
+    apns_id: str
+    collapse_id: str
+    fcm_collapse_key: str
+    webpush_topic: str
+
+
+def send_ids(dedupe_key: str, token: str, *, collapse_key: str | None = None) -> SendIds:
+    """Derive the ids of one push from its job's dedupe key and its device token.
+
+    The job's own `collapse_key`, when given, wins over the dedupe key for the
+    collapse ids; either way a key that does not fit a limit is hashed to fit.
+    """
+    collapse_source = collapse_key if collapse_key is not None else dedupe_key
+    collapse_id = _fit_header(collapse_source)
+    return SendIds(
+        apns_id=str(uuid.uuid5(APNS_ID_NAMESPACE, f"{dedupe_key}\0{token}")),
+        collapse_id=collapse_id,
+        fcm_collapse_key=collapse_id,
+        webpush_topic=_fit_topic(collapse_source),
+    )
+
+
+def _digest(key: str) -> str:
+    raw = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def _fit_header(key: str) -> str:
+    """The key itself when it is short printable ASCII; else a readable prefix and its hash."""
+    if key and len(key) <= COLLAPSE_ID_MAX_BYTES and _HEADER_SAFE.fullmatch(key):
+        return key
+    readable = "".join(c for c in key if "\x21" <= c <= "\x7e")[:_READABLE_PREFIX_CHARS]
+    return f"{readable}~{_digest(key)}"
+
+
+def _fit_topic(key: str) -> str:
+    """The key itself when it is short URL-safe base64; else the first 32 chars of its hash."""
+    if key and len(key) <= WEBPUSH_TOPIC_MAX_CHARS and _BASE64URL.fullmatch(key):
+        return key
+    return _digest(key)[:WEBPUSH_TOPIC_MAX_CHARS]

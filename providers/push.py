@@ -1,0 +1,65 @@
+"""What to send and to whom: the values every provider takes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Platform(StrEnum):
+    """Where the device token comes from: iOS tokens go to APNs, the others to FCM."""
+
+    IOS = "ios"
+    ANDROID = "android"
+    WEB = "web"
+
+
+class Priority(StrEnum):
+    """Delivery urgency: APNs apns-priority 10/5, FCM android priority high/normal."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """One device: its platform and its push token."""
+
+    platform: Platform
+    token: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Notification:
+    """The visible alert (title, body) and the app's data; either may be empty."""
+
+    title: str | None = None
+    body: str | None = None
+    data: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Push:
+    """One notification to one target, with the delivery options of the job.
+
+    `push_type` is APNs' apns-push-type ("alert", "background", ...); when None it is
+    "alert" for a notification with a title or body, "background" otherwise.
+    `collapse_key` is the job's own collapse key; it wins over the one derived from
+    the dedupe key (see `send_ids`).
+    """
+
+    target: Target
+    notification: Notification
+    priority: Priority | None = None
+    ttl_seconds: int | None = None
+    push_type: str | None = None
+    collapse_key: str | None = None
+
+    @property
+    def effective_push_type(self) -> str:
+        if self.push_type is not None:
+            return self.push_type
+        if self.notification.title is not None or self.notification.body is not None:
+            return "alert"
+        return "background"

@@ -1,0 +1,29 @@
+"""Route each push by platform: iOS to APNs, Android and web to FCM."""
+
+from __future__ import annotations
+
+from providers.ids import SendIds
+from providers.provider import Provider, ProviderReceipt
+from providers.push import Platform, Push
+
+
+class PlatformRouter:
+    """A `Provider` that hands iOS pushes to `apns` and Android and web pushes to `fcm`."""
+
+    name = "router"
+
+    def __init__(self, *, apns: Provider, fcm: Provider) -> None:
+        self.apns = apns
+        self.fcm = fcm
+
+    def provider_for(self, platform: Platform) -> Provider:
+        return self.apns if platform is Platform.IOS else self.fcm
+
+    async def send(self, push: Push, ids: SendIds) -> ProviderReceipt:
+        return await self.provider_for(push.target.platform).send(push, ids)
+
+    async def aclose(self) -> None:
+        try:
+            await self.apns.aclose()
+        finally:
+            await self.fcm.aclose()
