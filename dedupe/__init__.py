@@ -1,0 +1,24 @@
+"""The PostgreSQL side: migrations, the inbox of processed messages, fingerprints."""
+
+from dedupe.connection import DbConnection
+from dedupe.errors import DedupeError, MigrationError, SchemaMissing
+from dedupe.fingerprint import canonical_json, fingerprint
+from dedupe.inbox import Claim, ClaimOutcome, DedupeKey, Inbox
+from dedupe.migrate import available_migrations, check_schema, migrate, quote_ident
+
+__all__ = [
+    "Claim",
+    "ClaimOutcome",
+    "DbConnection",
+    "DedupeError",
+    "DedupeKey",
+    "Inbox",
+    "MigrationError",
+    "SchemaMissing",
+    "available_migrations",
+    "canonical_json",
+    "check_schema",
+    "fingerprint",
+    "migrate",
+    "quote_ident",
+]

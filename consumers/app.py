@@ -1,0 +1,112 @@
+"""The app: a registry of handlers, one per queue.
+
+    app = App()
+
+    @app.handler("orders.shipped")
+    async def record_shipment(ctx: Context) -> None:
+        await ctx.tx.execute("INSERT INTO shipments (order_id) VALUES ($1)", ctx.body["order_id"])
+
+The queue name is also the consumer's name, the first part of every dedupe key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from consumers.context import Batch, Context
+from consumers.decisions import ConfigurationError
+from consumers.envelope import Fingerprinter
+from consumers.retry import RetryPolicy
+
+MessageHandler = Callable[[Context], Awaitable[None]]
+BatchHandler = Callable[[Batch], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HandlerSpec:
+    queue: str
+    handle: MessageHandler | None = None
+    handle_batch: BatchHandler | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    fingerprint: Fingerprinter | None = None
+
+
+class App:
+    """Handlers by queue. Pass it to `Worker` or `idempotent-workers run MODULE:APP`."""
+
+    def __init__(self, *, retry: RetryPolicy | None = None) -> None:
+        self.retry = retry or RetryPolicy()
+        self._specs: dict[str, HandlerSpec] = {}
+
+    @property
+    def specs(self) -> Mapping[str, HandlerSpec]:
+        return self._specs
+
+    def handler(
+        self,
+        queue: str,
+        *,
+        retry: RetryPolicy | None = None,
+        fingerprint: Fingerprinter | None = None,
+    ) -> Callable[[MessageHandler], MessageHandler]:
+        """Register `fn(ctx)` for every message on `queue`."""
+
+        def register(fn: MessageHandler) -> MessageHandler:
+            self._add(
+                HandlerSpec(
+                    queue=queue, handle=fn, retry=retry or self.retry, fingerprint=fingerprint
+                )
+            )
+            return fn
+
+        return register
+
+    def batch_handler(
+        self,
+        queue: str,
+        *,
+        retry: RetryPolicy | None = None,
+        fingerprint: Fingerprinter | None = None,
+    ) -> Callable[[BatchHandler], BatchHandler]:
+        """Register `fn(batch)` that writes a whole batch's effects at once.
+
+        It gets only the batch's new messages (duplicates are already acked);
+        if it raises, the batch is split to find the failing message, and the
+        others' effects still commit exactly once.
+        """
+
+        def register(fn: BatchHandler) -> BatchHandler:
+            self._add(
+                HandlerSpec(
+                    queue=queue,
+                    handle_batch=fn,
+                    retry=retry or self.retry,
+                    fingerprint=fingerprint,
+                )
+            )
+            return fn
+
+        return register
+
+    def _add(self, spec: HandlerSpec) -> None:
+        if not spec.queue or len(spec.queue.encode()) > 200:
+            raise ConfigurationError(f"bad queue name {spec.queue!r}: 1 to 200 bytes")
+        if spec.queue in self._specs:
+            raise ConfigurationError(f"queue {spec.queue!r} already has a handler")
+        self._specs[spec.queue] = spec
+
+
+def load_app(target: str) -> App:
+    """Import `module:attribute` and return the App found there."""
+    import importlib
+
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"expected MODULE:APP, got {target!r}")
+    module = importlib.import_module(module_name)
+    app: Any = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise ConfigurationError(f"{target!r} is not an idempotent-workers App")
+    return app

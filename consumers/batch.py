@@ -1,0 +1,305 @@
+"""One batch, top to bottom: decode -> claim -> effect -> commit -> ack.
+
+This module is the guarantee. Read `BatchRunner.run`:
+
+1. decode every delivery; bad input is dead-lettered, never run;
+2. BEGIN; claim every key in one statement; run the handlers of the new keys
+   with `ctx.tx`; write staged effects with one `executemany` per statement;
+   COMMIT. Effects and claims commit together or not at all;
+3. only then: publish retries and dead letters (confirmed), then ack.
+
+A handler that raises fails the fast path; the batch is rolled back and run
+again with a savepoint per message (or, for a batch handler, split in halves),
+so the failing message alone is retried or dead-lettered and the others'
+effects still commit exactly once. A lost database connection, or a commit
+whose outcome is unknown, re-runs the whole batch once the database answers:
+the claims make a repeat harmless, and nothing is acked before a commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+import asyncpg
+import structlog
+
+from consumers.app import HandlerSpec
+from consumers.context import Batch, Context
+from consumers.decisions import Reject, Retry
+from consumers.dispatch import Dispatcher
+from consumers.envelope import BadInput, Envelope, decode
+from consumers.settings import CrashPoint, WorkerSettings
+from consumers.verdict import (
+    CONNECTION_ERRORS,
+    DUPLICATE,
+    EFFECT,
+    REUSED,
+    TRANSIENT_SQL_ERRORS,
+    Verdict,
+    dead,
+    describe,
+    retry,
+)
+from dedupe import Claim, ClaimOutcome, DbConnection, Inbox
+
+log = structlog.get_logger(__name__)
+
+Delivery = aio_pika.abc.AbstractIncomingMessage
+
+# Re-runs of one batch after connection loss before its messages go to the
+# delay tiers instead (a message that breaks the connection must not loop).
+MAX_BATCH_RERUNS = 10
+
+
+class _HandlerFailed(Exception):
+    """The fast path hit a handler exception: re-run the batch carefully."""
+
+    def __init__(self, alone: Item | None) -> None:
+        super().__init__()
+        self.alone = alone  # the failing message, when it was the batch's only new one
+
+
+@dataclass(slots=True)
+class Item:
+    delivery: Delivery
+    envelope: Envelope | None
+    verdict: Verdict | None = None
+    started: float = field(default_factory=time.monotonic)
+    tier: float | None = None  # the delay tier a retry went to
+    exhausted: bool = False  # a retry past the last attempt: dead-lettered instead
+
+
+class BatchRunner:
+    """Runs batches for one handler. Stateless between batches but for counters."""
+
+    def __init__(
+        self,
+        *,
+        spec: HandlerSpec,
+        pool: asyncpg.Pool,
+        inbox: Inbox,
+        dispatcher: Dispatcher,
+        settings: WorkerSettings,
+    ) -> None:
+        self.spec = spec
+        self.pool = pool
+        self.inbox = inbox
+        self.dispatcher = dispatcher
+        self.settings = settings
+        self.batches = 0
+
+    async def run(self, deliveries: Sequence[Delivery]) -> None:
+        """Decide, commit and acknowledge every delivery of the batch."""
+        items = self._decode(deliveries)
+        pending = [i for i in items if i.verdict is None]
+        reruns = 0
+        while pending:
+            try:
+                await self._transact(pending)
+                break
+            except CONNECTION_ERRORS as exc:
+                # Rolled back, or the commit's outcome is unknown: either way
+                # nothing was acked, and a re-run's claims tell what committed.
+                for item in pending:
+                    item.verdict = None
+                reruns += 1
+                if reruns >= MAX_BATCH_RERUNS:
+                    for item in pending:
+                        item.verdict = retry("database_unavailable", error=describe(exc))
+                    break
+                delay = random.uniform(0, min(5.0, 0.1 * 2**reruns))
+                log.warning(
+                    "batch_rerun",
+                    consumer=self.spec.queue,
+                    size=len(pending),
+                    error=describe(exc),
+                    delay=round(delay, 3),
+                )
+                await asyncio.sleep(delay)
+        self._crash_if(CrashPoint.AFTER_COMMIT)
+        self.batches += 1
+        await self.dispatcher.settle(self.spec, items)
+
+    def _decode(self, deliveries: Sequence[Delivery]) -> list[Item]:
+        items: list[Item] = []
+        first: dict[Any, Item] = {}
+        for delivery in deliveries:
+            envelope = decode(
+                delivery,
+                consumer=self.spec.queue,
+                max_body_bytes=self.settings.max_body_bytes,
+                fingerprinter=self.spec.fingerprint,
+            )
+            if isinstance(envelope, BadInput):
+                items.append(Item(delivery=delivery, envelope=None, verdict=dead(str(envelope))))
+                continue
+            item = Item(delivery=delivery, envelope=envelope)
+            earlier = first.get(envelope.key)
+            if earlier is None:
+                first[envelope.key] = item
+            else:  # the same key twice in one batch: the first one claims it
+                assert earlier.envelope is not None
+                same = earlier.envelope.fingerprint == envelope.fingerprint
+                item.verdict = DUPLICATE if same else REUSED
+            items.append(item)
+        return items
+
+    async def _transact(self, items: list[Item]) -> None:
+        """One transaction for the batch; sets every item's verdict."""
+        try:
+            await self._attempt(items, careful=False)
+        except _HandlerFailed as failed:
+            if failed.alone is not None and failed.__cause__ is not None:
+                # Nothing else to commit: no need to run it a second time.
+                assert isinstance(failed.__cause__, Exception)
+                failed.alone.verdict = self._judge(failed.__cause__)
+                return
+            await self._attempt(items, careful=True)
+
+    async def _attempt(self, items: list[Item], *, careful: bool) -> None:
+        async with self.pool.acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            try:
+                outcomes = await self.inbox.claim(
+                    conn,
+                    [
+                        Claim(key=i.envelope.key, fingerprint=i.envelope.fingerprint)
+                        for i in items
+                        if i.envelope is not None
+                    ],
+                )
+                fresh: list[Item] = []
+                for item, outcome in zip(items, outcomes, strict=True):
+                    if outcome is ClaimOutcome.NEW:
+                        fresh.append(item)
+                    else:
+                        item.verdict = DUPLICATE if outcome is ClaimOutcome.DUPLICATE else REUSED
+                if careful:
+                    failed = await self._effects_careful(conn, fresh)
+                    await self.inbox.release(conn, [i.envelope.key for i in failed if i.envelope])
+                else:
+                    await self._effects_fast(conn, fresh)
+                self._crash_if(CrashPoint.BEFORE_COMMIT)
+            except BaseException:
+                await _rollback_quietly(tx)
+                raise
+            await tx.commit()  # <- effects and claims are durable from here on
+
+    async def _effects_fast(self, conn: DbConnection, fresh: list[Item]) -> None:
+        """No savepoints: any handler error sends the batch to the careful path."""
+        staged: dict[str, list[Sequence[Any]]] = {}
+        contexts = [self._context(conn, i, staged) for i in fresh]
+        try:
+            if self.spec.handle_batch is not None:
+                if contexts:
+                    await self.spec.handle_batch(Batch(tx=conn, messages=contexts))
+            else:
+                assert self.spec.handle is not None
+                for ctx in contexts:
+                    await self.spec.handle(ctx)
+            for sql, rows in staged.items():
+                await conn.executemany(sql, rows)
+        except CONNECTION_ERRORS:
+            raise
+        except Exception as exc:
+            raise _HandlerFailed(fresh[0] if len(fresh) == 1 else None) from exc
+        for item in fresh:
+            item.verdict = EFFECT
+
+    async def _effects_careful(self, conn: DbConnection, fresh: list[Item]) -> list[Item]:
+        """A savepoint per message (or per half of a batch); returns the failed items."""
+        failed: list[Item] = []
+        if self.spec.handle_batch is not None:
+            await self._bisect(conn, fresh, failed)
+            return failed
+        assert self.spec.handle is not None
+        for item in fresh:
+            savepoint = conn.transaction()
+            await savepoint.start()
+            try:
+                await self.spec.handle(self._context(conn, item, None))
+            except CONNECTION_ERRORS:
+                raise
+            except Exception as exc:
+                await savepoint.rollback()
+                item.verdict = self._judge(exc)
+                failed.append(item)
+            else:
+                await savepoint.commit()
+                item.verdict = EFFECT
+        return failed
+
+    async def _bisect(self, conn: DbConnection, items: list[Item], failed: list[Item]) -> None:
+        if not items:
+            return
+        assert self.spec.handle_batch is not None
+        savepoint = conn.transaction()
+        await savepoint.start()
+        try:
+            await self.spec.handle_batch(
+                Batch(tx=conn, messages=[self._context(conn, i, None) for i in items])
+            )
+        except CONNECTION_ERRORS:
+            raise
+        except Exception as exc:
+            await savepoint.rollback()
+            if len(items) == 1:
+                items[0].verdict = self._judge(exc)
+                failed.append(items[0])
+                return
+            middle = len(items) // 2
+            await self._bisect(conn, items[:middle], failed)
+            await self._bisect(conn, items[middle:], failed)
+        else:
+            await savepoint.commit()
+            for item in items:
+                item.verdict = EFFECT
+
+    def _context(
+        self, conn: DbConnection, item: Item, staged: dict[str, list[Sequence[Any]]] | None
+    ) -> Context:
+        envelope = item.envelope
+        assert envelope is not None
+        return Context(
+            tx=conn,
+            body=envelope.body,
+            message_id=envelope.message_id,
+            tenant=envelope.tenant,
+            attempt=envelope.attempt,
+            consumer=self.spec.queue,
+            staged=staged,
+        )
+
+    def _judge(self, exc: Exception) -> Verdict:
+        """The verdict for a message whose handler raised `exc`."""
+        if isinstance(exc, Reject):
+            return dead(exc.reason)
+        if isinstance(exc, Retry):
+            return retry(exc.reason, delay=exc.delay)
+        if isinstance(exc, TRANSIENT_SQL_ERRORS):
+            return retry("transient_database_error", error=describe(exc))
+        if isinstance(exc, self.spec.retry.retry_on):
+            return retry("handler_error", error=describe(exc))
+        return dead("handler_error", error=describe(exc))
+
+    def _crash_if(self, point: CrashPoint) -> None:
+        """Fault injection for crash tests: SIGKILL this process at `point`."""
+        if self.settings.crash_at is point and self.batches >= self.settings.crash_after_batches:
+            log.warning("crash_injected", point=str(point), batches=self.batches)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def _rollback_quietly(tx: Any) -> None:
+    # The connection may be gone; the server rolls back on its own then.
+    with contextlib.suppress(Exception):
+        await tx.rollback()

@@ -1,0 +1,92 @@
+"""`idempotent-workers` (also `python -m consumers`): migrate, run, demo, dlq, bench.
+
+Configuration comes from the environment, read here and nowhere else:
+AMQP_URL, DATABASE_URL, DATABASE_SCHEMA and the IW_* knobs of `Settings.from_env`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+
+import asyncpg
+import structlog
+
+from consumers.app import load_app
+from consumers.logs import configure_logging
+from consumers.settings import Settings
+from consumers.worker import Worker
+from dedupe import DedupeError, migrate
+
+log = structlog.get_logger(__name__)
+
+
+async def _migrate(settings: Settings) -> int:
+    conn = await asyncpg.connect(settings.database.url)
+    try:
+        applied = await migrate(conn, settings.database.schema)
+    finally:
+        await conn.close()
+    print(f"migrate: schema={settings.database.schema} applied={applied or 'none (up to date)'}")
+    return 0
+
+
+async def _run(target: str, settings: Settings) -> int:
+    app = load_app(target)
+    worker = Worker(app, settings)
+    await worker.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(worker.stop()))
+    await worker.wait_stopped()
+    await worker.stop()
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="idempotent-workers", description=__doc__)
+    parser.add_argument("--log-level", default="info")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("migrate", help="create or upgrade the dedupe tables (safe to run concurrently)")
+    run = sub.add_parser("run", help="run the handlers of MODULE:APP until SIGTERM")
+    run.add_argument("target", metavar="MODULE:APP")
+    demo = sub.add_parser("demo", help="the end-to-end demo: crashes, duplicates, a report")
+    demo.add_argument("--jobs", type=int, default=10_000)
+    demo.add_argument("--workers", type=int, default=2)
+    dlq = sub.add_parser("dlq", help="list or replay dead letters")
+    dlq.add_argument("action", choices=["list", "replay"])
+    dlq.add_argument("queue")
+    dlq.add_argument("--limit", type=int, default=100)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure_logging(args.log_level)
+    settings = Settings.from_env()
+    try:
+        if args.command == "migrate":
+            return asyncio.run(_migrate(settings))
+        if args.command == "run":
+            return asyncio.run(_run(args.target, settings))
+        if args.command == "demo":
+            from consumers.demo import run_demo
+
+            code: int = asyncio.run(run_demo(settings, jobs=args.jobs, workers=args.workers))
+            return code
+        if args.command == "dlq":
+            from consumers.deadletters import run_dlq
+
+            code = asyncio.run(run_dlq(settings, args.action, args.queue, limit=args.limit))
+            return code
+    except DedupeError as exc:
+        print(f"idempotent-workers: {exc}", file=sys.stderr)
+        return 2
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

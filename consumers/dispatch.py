@@ -1,0 +1,171 @@
+"""Settle a decided batch: publish retries and dead letters, log, then ack.
+
+Runs only after the batch's transaction committed. Retries and dead letters
+are published with confirms *before* the original is acked, so a crash in
+between leaves a redelivery (harmless: the claim or a second dead letter),
+never a lost message. Acks go out with `multiple=True` per channel: a batch
+holds every outstanding delivery up to its highest tag, because one batch
+loop owns one channel and settles a batch before taking the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import aio_pika
+import structlog
+
+from consumers.envelope import ATTEMPT_HEADER, NO_MESSAGE_ID_HEADER, REASON_HEADER, attempt_of
+from consumers.retry import dead_letter_queue, tier_queue
+from consumers.verdict import Outcome
+
+if TYPE_CHECKING:
+    from consumers.app import HandlerSpec
+    from consumers.batch import Item
+
+log = structlog.get_logger(__name__)
+
+ERROR_HEADER = "x-error"
+QUEUE_HEADER = "x-original-queue"
+
+
+class Dispatcher:
+    """Publishes on one confirm channel shared by the worker's batch loops."""
+
+    def __init__(self, channel: aio_pika.abc.AbstractChannel, *, log_effects: bool = True) -> None:
+        self._exchange = channel.default_exchange
+        self.log_effects = log_effects
+
+    async def settle(self, spec: HandlerSpec, items: Sequence[Item]) -> None:
+        moves = [self._move(spec, item) for item in items if _needs_move(item)]
+        results = await asyncio.gather(*moves, return_exceptions=True) if moves else []
+        unsettled = {
+            id(item)
+            for item, result in zip([i for i in items if _needs_move(i)], results, strict=True)
+            if isinstance(result, BaseException)
+        }
+        now = time.monotonic()
+        for item in items:
+            if id(item) in unsettled:
+                continue
+            self._log_outcome(spec, item, now)
+        await _acknowledge(items, unsettled)
+
+    async def _move(self, spec: HandlerSpec, item: Item) -> None:
+        """Republish `item` to a delay tier or the dead-letter queue, confirmed."""
+        verdict = item.verdict
+        assert verdict is not None
+        delivery = item.delivery
+        attempt = attempt_of(delivery)
+        headers: dict[str, Any] = dict(delivery.headers or {})
+        headers.pop("x-death", None)  # grows with every tier pass; the attempt header counts
+        if verdict.error:
+            headers[ERROR_HEADER] = verdict.error
+        if not delivery.message_id:
+            headers[NO_MESSAGE_ID_HEADER] = True
+        if verdict.outcome is Outcome.RETRY_SCHEDULED and not spec.retry.exhausted(attempt):
+            wanted = verdict.delay if verdict.delay is not None else spec.retry.backoff(attempt)
+            tier = spec.retry.tier_for(wanted)
+            headers[ATTEMPT_HEADER] = attempt + 1
+            headers[REASON_HEADER] = verdict.reason
+            routing_key = tier_queue(spec.queue, tier)
+            item.tier = tier
+        else:
+            if verdict.outcome is Outcome.RETRY_SCHEDULED:
+                item.exhausted = True
+            headers[ATTEMPT_HEADER] = attempt
+            headers[REASON_HEADER] = (
+                f"max_attempts_exceeded:{verdict.reason}" if item.exhausted else verdict.reason
+            )
+            headers[QUEUE_HEADER] = spec.queue
+            routing_key = dead_letter_queue(spec.queue)
+        message = aio_pika.Message(
+            delivery.body,
+            headers=headers,
+            content_type=delivery.content_type,
+            content_encoding=delivery.content_encoding,
+            message_id=delivery.message_id,
+            correlation_id=delivery.correlation_id,
+            type=delivery.type,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        try:
+            await self._exchange.publish(message, routing_key=routing_key)
+        except Exception as exc:
+            log.error(
+                "republish_failed",
+                consumer=spec.queue,
+                message_id=delivery.message_id,
+                routing_key=routing_key,
+                error=repr(exc),
+            )
+            raise
+
+    def _log_outcome(self, spec: HandlerSpec, item: Item, now: float) -> None:
+        verdict = item.verdict
+        assert verdict is not None
+        envelope = item.envelope
+        outcome = verdict.outcome
+        if outcome is Outcome.RETRY_SCHEDULED and item.exhausted:
+            outcome = Outcome.DEAD_LETTERED
+        if outcome is Outcome.EFFECT_COMMITTED and not self.log_effects:
+            return
+        fields: dict[str, Any] = {
+            "consumer": spec.queue,
+            "tenant": envelope.tenant if envelope else "",
+            "message_id": item.delivery.message_id,
+            "attempt": attempt_of(item.delivery),
+            "duration_ms": round((now - item.started) * 1000, 2),
+        }
+        if verdict.reason:
+            fields["reason"] = verdict.reason
+        if verdict.error:
+            fields["error"] = verdict.error
+        if item.tier is not None:
+            fields["delay_s"] = item.tier
+        if outcome in (Outcome.EFFECT_COMMITTED, Outcome.DUPLICATE_IGNORED):
+            log.info(str(outcome), **fields)
+        else:
+            log.warning(str(outcome), **fields)
+
+
+def _needs_move(item: Item) -> bool:
+    assert item.verdict is not None
+    return item.verdict.outcome in (
+        Outcome.RETRY_SCHEDULED,
+        Outcome.DEAD_LETTERED,
+        Outcome.MESSAGE_ID_REUSED,
+    )
+
+
+async def _acknowledge(items: Sequence[Item], unsettled: set[int]) -> None:
+    """Ack settled items (multiple=True per channel); leave the rest to redelivery."""
+    highest: dict[int, Item] = {}
+    for item in items:
+        if id(item) in unsettled:
+            # Could not be republished: give it back to the broker now rather
+            # than acking it past (a multiple ack would cover it otherwise).
+            await _quietly(item.delivery.nack(requeue=True), item)
+            continue
+        key = id(item.delivery.channel)
+        tag = item.delivery.delivery_tag or 0
+        best = highest.get(key)
+        if best is None or tag > (best.delivery.delivery_tag or 0):
+            highest[key] = item
+    for item in highest.values():
+        await _quietly(item.delivery.ack(multiple=True), item)
+
+
+async def _quietly(action: Any, item: Item) -> None:
+    try:
+        await action
+    except Exception as exc:  # a channel closed since delivery: the broker redelivers
+        log.warning(
+            "ack_failed",
+            message_id=item.delivery.message_id,
+            error=repr(exc),
+            outcome="left_to_redelivery",
+        )

@@ -1,0 +1,88 @@
+"""Configuration objects, grouped by concern.
+
+Environment variables are read in one place, `from_env()`, which the CLI
+calls; nothing here reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+class QueueType(StrEnum):
+    QUORUM = "quorum"
+    CLASSIC = "classic"
+
+
+class CrashPoint(StrEnum):
+    """Where fault injection may SIGKILL the worker (tests and chaos runs only)."""
+
+    BEFORE_COMMIT = "before_commit"  # handlers ran, the transaction is not committed
+    AFTER_COMMIT = "after_commit"  # committed, not yet acknowledged
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AmqpSettings:
+    url: str = DEFAULT_AMQP_URL
+    queue_type: QueueType = QueueType.QUORUM
+    # Deliveries of one message before the broker dead-letters it: catches a
+    # message that kills the process itself, which no handler can record.
+    delivery_limit: int = 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DatabaseSettings:
+    url: str = DEFAULT_DATABASE_URL
+    schema: str = "public"  # where processed_messages lives; first on search_path
+    pool_size: int = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSettings:
+    prefetch: int = 1000  # unacknowledged deliveries per channel
+    max_batch: int = 500  # messages in one transaction at most
+    concurrency: int = 1  # channels (and batches in flight) per queue
+    max_body_bytes: int = 1_048_576
+    shutdown_grace_seconds: float = 30.0
+    crash_at: CrashPoint | None = None  # fault injection; never set in production
+    crash_after_batches: int = 0  # crash at `crash_at` on this batch (0: the first)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    amqp: AmqpSettings = field(default_factory=AmqpSettings)
+    database: DatabaseSettings = field(default_factory=DatabaseSettings)
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read AMQP_URL, DATABASE_URL, DATABASE_SCHEMA and IW_* variables."""
+        env = os.environ if env is None else env
+        crash = env.get("IW_CRASH_AT")
+        return cls(
+            amqp=AmqpSettings(
+                url=env.get("AMQP_URL", DEFAULT_AMQP_URL),
+                queue_type=QueueType(env.get("IW_QUEUE_TYPE", QueueType.QUORUM)),
+                delivery_limit=int(env.get("IW_DELIVERY_LIMIT", "20")),
+            ),
+            database=DatabaseSettings(
+                url=env.get("DATABASE_URL", DEFAULT_DATABASE_URL),
+                schema=env.get("DATABASE_SCHEMA", "public"),
+                pool_size=int(env.get("IW_POOL_SIZE", "4")),
+            ),
+            worker=WorkerSettings(
+                prefetch=int(env.get("IW_PREFETCH", "1000")),
+                max_batch=int(env.get("IW_MAX_BATCH", "500")),
+                concurrency=int(env.get("IW_CONCURRENCY", "1")),
+                max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", "1048576")),
+                shutdown_grace_seconds=float(env.get("IW_SHUTDOWN_GRACE", "30")),
+                crash_at=CrashPoint(crash) if crash else None,
+                crash_after_batches=int(env.get("IW_CRASH_AFTER_BATCHES", "0")),
+            ),
+        )

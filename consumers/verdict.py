@@ -1,0 +1,64 @@
+"""What happens to one delivery once its batch is decided."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import asyncpg
+
+
+class Outcome(StrEnum):
+    """The log event name of each outcome."""
+
+    EFFECT_COMMITTED = "effect_committed"
+    DUPLICATE_IGNORED = "duplicate_ignored"
+    MESSAGE_ID_REUSED = "message_id_reused"
+    RETRY_SCHEDULED = "retry_scheduled"
+    DEAD_LETTERED = "dead_lettered"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    outcome: Outcome
+    reason: str = ""
+    delay: float | None = None  # wanted delay for a retry (None: the policy's backoff)
+    error: str = ""  # the exception, for the dead letter's headers and the log
+
+
+EFFECT = Verdict(outcome=Outcome.EFFECT_COMMITTED)
+DUPLICATE = Verdict(outcome=Outcome.DUPLICATE_IGNORED)
+REUSED = Verdict(outcome=Outcome.MESSAGE_ID_REUSED, reason="message_id_reused")
+
+
+def dead(reason: str, error: str = "") -> Verdict:
+    return Verdict(outcome=Outcome.DEAD_LETTERED, reason=reason, error=error)
+
+
+def retry(reason: str, delay: float | None = None, error: str = "") -> Verdict:
+    return Verdict(outcome=Outcome.RETRY_SCHEDULED, reason=reason, delay=delay, error=error)
+
+
+# Errors after which the same statements may well succeed: retry the message.
+TRANSIENT_SQL_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.SerializationError,
+    asyncpg.DeadlockDetectedError,
+    asyncpg.LockNotAvailableError,
+)
+
+# Errors that mean the database connection itself is gone or unusable: the
+# whole batch is re-run once the database answers again.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.CrashShutdownError,
+    asyncpg.TooManyConnectionsError,
+)
+
+
+def describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 500 else text[:497] + "..."

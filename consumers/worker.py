@@ -1,0 +1,188 @@
+"""The worker process: connections, consumers, batch loops, graceful stop.
+
+For each handler the worker declares the topology, opens `concurrency`
+channels with `prefetch` each, and runs one batch loop per channel. A loop
+takes everything buffered (up to `max_batch`) as soon as the previous batch
+is settled: no timer, so a quiet queue gets latency of one commit and a busy
+one gets large batches.
+
+`stop()` (SIGTERM in the CLI): cancel the consumers, finish and commit the
+batches already delivered, ack them, close. What the grace period does not
+cover stays unacked and the broker redelivers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections import deque
+from typing import Any
+
+import aio_pika
+import asyncpg
+import structlog
+
+from consumers.app import App, HandlerSpec
+from consumers.batch import BatchRunner, Delivery
+from consumers.decisions import ConfigurationError
+from consumers.dispatch import Dispatcher
+from consumers.settings import Settings
+from consumers.topology import declare
+from dedupe import Inbox, check_schema, quote_ident
+
+log = structlog.get_logger(__name__)
+
+
+class BatchLoop:
+    """One channel's deliveries, settled one batch at a time."""
+
+    def __init__(self, runner: BatchRunner, max_batch: int) -> None:
+        self.runner = runner
+        self.max_batch = max_batch
+        self.buffer: deque[Delivery] = deque()
+        self.wake = asyncio.Event()
+        self.stopping = False
+        self.queue: aio_pika.abc.AbstractQueue | None = None
+        self.consumer_tag: str | None = None
+
+    async def on_message(self, message: Delivery) -> None:
+        self.buffer.append(message)
+        self.wake.set()
+
+    async def run(self) -> None:
+        while True:
+            if not self.buffer:
+                if self.stopping:
+                    return
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            take = min(len(self.buffer), self.max_batch)
+            batch = [self.buffer.popleft() for _ in range(take)]
+            try:
+                await self.runner.run(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # A bug or a broken channel: hand the batch back to the broker
+                # rather than holding it unacked on a live channel forever.
+                log.exception("batch_failed", consumer=self.runner.spec.queue, size=len(batch))
+                for message in batch:
+                    with contextlib.suppress(Exception):
+                        await message.nack(requeue=True)
+                del exc
+
+    async def cancel(self) -> None:
+        self.stopping = True
+        if self.queue is not None and self.consumer_tag is not None:
+            with contextlib.suppress(Exception):
+                await self.queue.cancel(self.consumer_tag)
+        self.wake.set()
+
+
+class Worker:
+    """Consumes every queue of `app` until `stop()`."""
+
+    def __init__(
+        self, app: App, settings: Settings | None = None, *, log_effects: bool = True
+    ) -> None:
+        if not app.specs:
+            raise ConfigurationError("the app has no handlers")
+        self.app = app
+        self.settings = settings or Settings()
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        self.log_effects = log_effects
+        self.pool: asyncpg.Pool | None = None
+        self._connection: aio_pika.abc.AbstractRobustConnection | None = None
+        self._loops: list[BatchLoop] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        db = self.settings.database
+        amqp = self.settings.amqp
+        ws = self.settings.worker
+        needed = ws.concurrency * len(self.app.specs)  # one connection per batch in flight
+        self.pool = await create_pool(self.settings, min_size=min(needed, db.pool_size))
+        async with self.pool.acquire() as conn:
+            await check_schema(conn, db.schema)
+        self._connection = await aio_pika.connect_robust(amqp.url)
+        confirm_channel = await self._connection.channel(publisher_confirms=True)
+        dispatcher = Dispatcher(confirm_channel, log_effects=self.log_effects)
+        inbox = Inbox(db.schema)
+        for spec in self.app.specs.values():
+            await self._start_queue(spec, dispatcher, inbox)
+        log.info(
+            "worker_started",
+            worker=self.worker_id,
+            queues=list(self.app.specs),
+            prefetch=ws.prefetch,
+            max_batch=ws.max_batch,
+            concurrency=ws.concurrency,
+        )
+
+    async def _start_queue(self, spec: HandlerSpec, dispatcher: Dispatcher, inbox: Inbox) -> None:
+        assert self._connection is not None and self.pool is not None
+        ws = self.settings.worker
+        for n in range(ws.concurrency):
+            channel = await self._connection.channel(publisher_confirms=False)
+            await channel.set_qos(prefetch_count=ws.prefetch)
+            if n == 0:
+                await declare(channel, spec.queue, spec.retry, self.settings.amqp)
+            queue = await channel.get_queue(spec.queue, ensure=False)
+            runner = BatchRunner(
+                spec=spec, pool=self.pool, inbox=inbox, dispatcher=dispatcher, settings=ws
+            )
+            loop = BatchLoop(runner, ws.max_batch)
+            loop.queue = queue
+            self._tasks.append(asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}"))
+            loop.consumer_tag = await queue.consume(loop.on_message)
+            self._loops.append(loop)
+
+    async def stop(self) -> None:
+        """Stop consuming, settle what was delivered, close. Idempotent."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        grace = self.settings.worker.shutdown_grace_seconds
+        log.info("worker_stopping", worker=self.worker_id, grace_s=grace)
+        for loop in self._loops:
+            await loop.cancel()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=grace)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            unsettled = sum(len(loop.buffer) for loop in self._loops)
+            if pending or unsettled:
+                log.warning("shutdown_grace_exceeded", unsettled=unsettled)
+        if self._connection is not None:
+            await self._connection.close()
+        if self.pool is not None:
+            await self.pool.close()
+        log.info("worker_stopped", worker=self.worker_id)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+
+async def create_pool(settings: Settings, *, min_size: int = 1) -> asyncpg.Pool:
+    """An asyncpg pool whose search_path starts with the configured schema."""
+    db = settings.database
+    pool = await asyncpg.create_pool(
+        db.url,
+        min_size=min_size,
+        max_size=max(db.pool_size, min_size),
+        server_settings={"search_path": f"{quote_ident(db.schema)}, public"},
+    )
+    assert pool is not None
+    return pool

@@ -1,0 +1,120 @@
+"""The inbox: claim dedupe keys inside the caller's transaction.
+
+`Inbox.claim()` takes every key of a batch and answers, for each, whether it is
+new (this transaction now owns it), a duplicate (claimed before with the same
+fingerprint) or reused (claimed before with another fingerprint: the client
+reused a message_id for a new intent).
+
+One INSERT ... ON CONFLICT DO NOTHING claims the whole batch, keys in sorted
+order so that two batches sharing keys lock them in the same order and cannot
+deadlock. The unique index decides races between workers: a second claimant
+waits on the index until the first commits, then sees the conflict. Only when
+some key conflicted does a second statement read the stored fingerprints; it
+runs in a fresh snapshot, so it sees rows committed while we waited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from dedupe.connection import DbConnection
+from dedupe.migrate import quote_ident
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, order=True)
+class DedupeKey:
+    """(consumer, tenant, message_id): the identity of one event for one consumer."""
+
+    consumer: str
+    tenant: str
+    message_id: str
+
+
+class ClaimOutcome(StrEnum):
+    NEW = "new"
+    DUPLICATE = "duplicate"
+    REUSED = "reused"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Claim:
+    key: DedupeKey
+    fingerprint: bytes
+
+
+class Inbox:
+    """The `processed_messages` table of one schema."""
+
+    __slots__ = ("_insert", "_select", "schema")
+
+    def __init__(self, schema: str = "public") -> None:
+        self.schema = schema
+        table = f"{quote_ident(schema)}.processed_messages"
+        self._insert = (
+            f"INSERT INTO {table} (consumer, tenant, message_id, fingerprint)"
+            " SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[])"
+            " ON CONFLICT DO NOTHING"
+            " RETURNING consumer, tenant, message_id"
+        )
+        self._select = (
+            f"SELECT p.consumer, p.tenant, p.message_id, p.fingerprint FROM {table} p"
+            " JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(consumer, tenant, message_id)"
+            " USING (consumer, tenant, message_id)"
+        )
+
+    async def claim(self, tx: DbConnection, claims: Sequence[Claim]) -> list[ClaimOutcome]:
+        """Claim every key in one statement; return an outcome per claim, in order.
+
+        Keys must be distinct within one call (the caller folds in-batch
+        repeats). Must run inside a transaction: the claims commit or roll back
+        with the caller's effects.
+        """
+        if not claims:
+            return []
+        ordered = sorted(claims, key=lambda c: c.key)
+        inserted = await tx.fetch(
+            self._insert,
+            [c.key.consumer for c in ordered],
+            [c.key.tenant for c in ordered],
+            [c.key.message_id for c in ordered],
+            [c.fingerprint for c in ordered],
+        )
+        if len(inserted) == len(claims):
+            return [ClaimOutcome.NEW] * len(claims)
+        won = {DedupeKey(consumer=r[0], tenant=r[1], message_id=r[2]) for r in inserted}
+        lost = [c.key for c in ordered if c.key not in won]
+        stored = {
+            DedupeKey(consumer=r[0], tenant=r[1], message_id=r[2]): bytes(r[3])
+            for r in await tx.fetch(
+                self._select,
+                [k.consumer for k in lost],
+                [k.tenant for k in lost],
+                [k.message_id for k in lost],
+            )
+        }
+        outcomes = []
+        for c in claims:
+            if c.key in won:
+                outcomes.append(ClaimOutcome.NEW)
+            elif stored.get(c.key, c.fingerprint) == c.fingerprint:
+                # A row deleted by retention between the two statements reads as
+                # a duplicate: it was processed once, long ago.
+                outcomes.append(ClaimOutcome.DUPLICATE)
+            else:
+                outcomes.append(ClaimOutcome.REUSED)
+        return outcomes
+
+    async def release(self, tx: DbConnection, keys: Sequence[DedupeKey]) -> None:
+        """Drop claims made in this transaction (a message whose handler failed)."""
+        if not keys:
+            return
+        await tx.execute(
+            f"DELETE FROM {quote_ident(self.schema)}.processed_messages p"
+            " USING unnest($1::text[], $2::text[], $3::text[]) AS k(consumer, tenant, message_id)"
+            " WHERE (p.consumer, p.tenant, p.message_id) = (k.consumer, k.tenant, k.message_id)",
+            [k.consumer for k in keys],
+            [k.tenant for k in keys],
+            [k.message_id for k in keys],
+        )

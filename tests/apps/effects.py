@@ -1,0 +1,37 @@
+"""The sample app the process tests run: one INSERT per message.
+
+The `effects` table has no unique constraint on purpose: a doubled effect
+shows up as two rows instead of being hidden by an error. The queue name and
+the crash behaviour come from the environment the test gives the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from consumers import App, Context, RetryPolicy
+
+FAST_RETRY = RetryPolicy(max_attempts=3, base_seconds=0.2, tiers_seconds=(0.2, 0.5, 1.0))
+
+app = App(retry=FAST_RETRY)
+
+
+@app.handler(os.environ.get("TEST_QUEUE", "effects"))
+async def record(ctx: Context) -> None:
+    await ctx.tx.execute(
+        "INSERT INTO effects (consumer, tenant, message_id, body, worker_pid)"
+        " VALUES ($1, $2, $3, $4, $5)",
+        ctx.consumer,
+        ctx.tenant,
+        ctx.message_id,
+        str(ctx.body.get("n", "")),
+        os.getpid(),
+    )
+    hold = ctx.body.get("hold_s")
+    if isinstance(hold, int | float):  # the test SIGKILLs us while we hold the transaction
+        marker = os.environ.get("TEST_HOLD_MARKER")
+        if marker:  # tells the test that the transaction is open now
+            Path(marker).write_text(str(os.getpid()))  # noqa: ASYNC240 - a tiny test file
+        await asyncio.sleep(hold)

@@ -1,0 +1,123 @@
+"""Fixtures against the real RabbitMQ and PostgreSQL: a fresh schema and queue per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+import pytest
+
+from consumers import AmqpSettings, DatabaseSettings, Publisher, Settings, WorkerSettings
+from consumers.retry import RetryPolicy
+from consumers.topology import delete
+from dedupe import DbConnection, migrate, quote_ident
+from tests.apps.effects import FAST_RETRY
+from tests.support import WorkerProcess
+
+AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+EFFECTS_TABLE = """
+CREATE TABLE effects (
+    id          bigserial PRIMARY KEY,
+    consumer    text NOT NULL,
+    tenant      text NOT NULL,
+    message_id  text NOT NULL,
+    body        text NOT NULL,
+    worker_pid  integer NOT NULL
+)"""
+
+
+@pytest.fixture
+def schema() -> str:
+    return f"t_{uuid.uuid4().hex[:16]}"
+
+
+@pytest.fixture
+async def db(schema: str) -> AsyncIterator[DbConnection]:
+    """A connection to a freshly migrated schema holding an `effects` table."""
+    conn = await asyncpg.connect(DATABASE_URL)
+    await migrate(conn, schema)
+    await conn.execute(f"SET search_path TO {quote_ident(schema)}")
+    await conn.execute(EFFECTS_TABLE)
+    yield conn
+    await conn.execute(f"DROP SCHEMA {quote_ident(schema)} CASCADE")
+    await conn.close()
+
+
+@pytest.fixture
+def retry_policy() -> RetryPolicy:
+    return FAST_RETRY
+
+
+@pytest.fixture
+async def queue_name(retry_policy: RetryPolicy) -> AsyncIterator[str]:
+    """A unique queue name; its queues (work, tiers, dead letters) are deleted after."""
+    name = f"test.{uuid.uuid4().hex[:12]}"
+    yield name
+    connection = await aio_pika.connect(AMQP_URL)
+    channel = await connection.channel()
+    await delete(channel, name, retry_policy)
+    await connection.close()
+
+
+@pytest.fixture
+async def channel() -> AsyncIterator[aio_pika.abc.AbstractChannel]:
+    connection = await aio_pika.connect(AMQP_URL)
+    yield await connection.channel()
+    await connection.close()
+
+
+@pytest.fixture
+async def publisher() -> AsyncIterator[Publisher]:
+    pub, connection = await Publisher.connect(AMQP_URL)
+    yield pub
+    await connection.close()
+
+
+@pytest.fixture
+def settings(schema: str) -> Settings:
+    return Settings(
+        amqp=AmqpSettings(url=AMQP_URL),
+        database=DatabaseSettings(url=DATABASE_URL, schema=schema),
+        worker=WorkerSettings(shutdown_grace_seconds=10),
+    )
+
+
+@pytest.fixture
+def worker_env(schema: str, queue_name: str) -> dict[str, str]:
+    """The environment of a worker process running `tests.apps.effects:app`."""
+    return {
+        "AMQP_URL": AMQP_URL,
+        "DATABASE_URL": DATABASE_URL,
+        "DATABASE_SCHEMA": schema,
+        "TEST_QUEUE": queue_name,
+        "IW_SHUTDOWN_GRACE": "15",
+    }
+
+
+Spawn = Callable[..., WorkerProcess]
+
+
+@pytest.fixture
+def spawn(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Spawn]:
+    """Start worker processes of the sample app; every one is reaped after the test."""
+    started: list[WorkerProcess] = []
+
+    def start(extra_env: dict[str, str] | None = None) -> WorkerProcess:
+        worker = WorkerProcess(
+            "tests.apps.effects:app",
+            worker_env,
+            tmp_path / f"worker-{len(started)}.log",
+            extra_env=extra_env,
+        )
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop_now()

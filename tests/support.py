@@ -1,0 +1,106 @@
+"""Test helpers: real worker processes, waiting, reading queues."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+
+import aio_pika
+
+from consumers.retry import dead_letter_queue
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def wait_for(
+    predicate: Callable[[], Awaitable[bool]], *, timeout: float = 30.0, interval: float = 0.05
+) -> None:
+    """Poll `predicate` until it holds; fail the test after `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(interval)
+
+
+async def settle(read: Callable[[], Awaitable[object]], *, quiet: float = 1.0) -> object:
+    """Wait until `read()` stops changing for `quiet` seconds; return its value."""
+    last = await read()
+    while True:
+        await asyncio.sleep(quiet)
+        now = await read()
+        if now == last:
+            return now
+        last = now
+
+
+class WorkerProcess:
+    """`python -m consumers run MODULE:APP` as a real child process."""
+
+    def __init__(
+        self,
+        target: str,
+        env: Mapping[str, str],
+        log_path: Path,
+        *,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        full = {**os.environ, **env, **(extra_env or {})}
+        full["PYTHONPATH"] = str(ROOT)
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "consumers", "run", target],
+            env=full,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=self._log,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+
+    async def wait(self, timeout: float = 30.0) -> int:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.proc.poll() is None:
+            if asyncio.get_running_loop().time() > deadline:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"worker {self.pid} did not exit within {timeout} s")
+            await asyncio.sleep(0.05)
+        self._log.close()
+        return self.proc.returncode
+
+    def stop_now(self) -> None:
+        """Cleanup: kill if still running, reap, close the log."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        if not self._log.closed:
+            self._log.close()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+async def drain_dead_letters(
+    channel: aio_pika.abc.AbstractChannel, queue: str
+) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    """Take every message from the queue's dead-letter queue (acked)."""
+    dlq = await channel.get_queue(dead_letter_queue(queue), ensure=True)
+    taken = []
+    while (message := await dlq.get(no_ack=True, fail=False)) is not None:
+        taken.append(message)
+    return taken
