@@ -119,7 +119,7 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
         try:
             stream_id = self.conn.get_next_available_stream_id()
         except NoAvailableStreamIDError:
-            self.abandon()
+            self.abandoned = True
             raise _NotSentError("StreamIdsExhausted") from None
         if self.auth_provider is not None:
             headers = [*headers, ("authorization", self.auth_provider.get_header())]
@@ -133,13 +133,18 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
         self.flush()
         return stream.answer
 
-    def abandon(self) -> None:
-        """No new streams here; close once the open ones end, or after the inactivity time."""
+    def abandon(self, answer: asyncio.Future[Outcome], *, grace: float) -> None:
+        """Forget `answer`'s stream (its late answer is ignored) and take no new streams;
+        leave the pool at once, close when the open streams end or after `grace` seconds."""
+        self.streams = {k: v for k, v in self.streams.items() if v.answer is not answer}
         self.abandoned = True
-        if not self.streams:
-            self.close()
+        leave_pool, self.on_connection_lost = self.on_connection_lost, None
+        if leave_pool is not None:
+            leave_pool(self)
+        if self.streams:
+            self.loop.call_later(grace, self.close)
         else:
-            self.loop.call_later(self.INACTIVITY_TIME, self.close)
+            self.close()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -232,6 +237,7 @@ class ApnsProvider:
         self.settings = settings
         self._pool: APNsBaseConnectionPool | None = None
         self._closing = False
+        self._abandoned: set[_ExactlyOnceProtocol] = set()
 
     async def send(self, push: Push, ids: SendIds) -> ProviderReceipt:
         if push.target.platform is not Platform.IOS:
@@ -251,7 +257,9 @@ class ApnsProvider:
         try:
             outcome = await asyncio.wait_for(asyncio.shield(answer), deadline - loop.time())
         except TimeoutError:
-            connection.abandon()
+            connection.abandon(answer, grace=self.settings.timeout_seconds)
+            self._abandoned.add(connection)
+            connection.closed.add_done_callback(lambda _: self._abandoned.discard(connection))
             raise UnknownOutcomeError("Timeout", provider=self.name) from None
         return apns_result(outcome, sent_apns_id=ids.apns_id, provider=self.name)
 
@@ -262,6 +270,7 @@ class ApnsProvider:
         if pool is None:
             return
         connections = [c for c in pool.connections if isinstance(c, _ExactlyOnceProtocol)]
+        connections += self._abandoned
         pending = [s.answer for c in connections for s in c.streams.values()]
         if pending:
             await asyncio.wait(pending, timeout=self.settings.timeout_seconds)

@@ -314,17 +314,18 @@ class _ServerConnection(asyncio.Protocol):
     def pump(self) -> None:
         """Send pending bodies as far as flow control allows; the rest on WINDOW_UPDATE."""
         for stream_id, body in list(self.outgoing.items()):
-            try:
-                window = self.h2.local_flow_control_window(stream_id)
-            except H2Error:
-                del self.outgoing[stream_id]
-                continue
-            size = min(window, self.h2.max_outbound_frame_size, len(body))
-            if size <= 0:
-                continue
-            done = size == len(body)
-            self.h2.send_data(stream_id, body[:size], end_stream=done)
-            if done:
-                del self.outgoing[stream_id]
+            while body:
+                try:
+                    window = self.h2.local_flow_control_window(stream_id)
+                except H2Error:
+                    body = b""
+                    break
+                size = min(window, self.h2.max_outbound_frame_size, len(body))
+                if size <= 0:
+                    break
+                self.h2.send_data(stream_id, body[:size], end_stream=size == len(body))
+                body = body[size:]
+            if body:
+                self.outgoing[stream_id] = body
             else:
-                self.outgoing[stream_id] = body[size:]
+                del self.outgoing[stream_id]

@@ -1,0 +1,39 @@
+"""Fixtures for the provider tests: local fake servers and providers pointed at them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from providers import ApnsProvider, FcmProvider
+from providers.fakes.apns import FakeApns
+from providers.fakes.fcm import FakeFcm
+
+
+@pytest.fixture
+async def fake_apns() -> AsyncIterator[FakeApns]:
+    async with FakeApns() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def apns(fake_apns: FakeApns) -> AsyncIterator[ApnsProvider]:
+    """An ApnsProvider on one connection to the fake, with a 2 s timeout."""
+    provider = ApnsProvider(fake_apns.settings(timeout_seconds=2.0, max_connections=1))
+    yield provider
+    await provider.aclose()
+
+
+@pytest.fixture
+async def fake_fcm() -> AsyncIterator[FakeFcm]:
+    async with FakeFcm() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def fcm(fake_fcm: FakeFcm) -> AsyncIterator[FcmProvider]:
+    """An FcmProvider pointed at the fake, with a 2 s timeout."""
+    provider = FcmProvider(fake_fcm.settings(timeout_seconds=2.0, max_workers=8))
+    yield provider
+    await provider.aclose()

@@ -1,0 +1,173 @@
+"""Each aioapns trap that could send a push twice or hang, closed: counted at the fake.
+
+The rule checked everywhere: exactly one request reaches APNs per attempt, and a
+request whose outcome is unknown raises UnknownOutcomeError and is never resent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+from pushes import ids_for, push_to
+
+from providers import (
+    ApnsProvider,
+    InvalidDeviceToken,
+    ProviderError,
+    ProviderReceipt,
+    UnknownOutcomeError,
+)
+from providers.fakes.apns import FakeApns
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def _send(provider: ApnsProvider, token: str) -> ProviderReceipt | ProviderError:
+    try:
+        return await provider.send(push_to(token), ids_for(token))
+    except ProviderError as exc:
+        return exc
+
+
+async def test_a_dropped_connection_fails_in_flight_requests_without_resending(
+    apns: ApnsProvider, fake_apns: FakeApns
+) -> None:
+    neighbours = [f"neighbour-{i}" for i in range(5)]
+    for token in neighbours:
+        fake_apns.script(token, latency=1.0)
+    fake_apns.script("dropper", latency=0.2, drop=True)
+
+    results = await asyncio.gather(*(_send(apns, t) for t in [*neighbours, "dropper"]))
+
+    assert all(isinstance(r, UnknownOutcomeError) for r in results)
+    await asyncio.sleep(0.5)  # time enough for any resend to arrive
+    assert Counter(r.token for r in fake_apns.requests) == dict.fromkeys(
+        [*neighbours, "dropper"], 1
+    )
+    assert fake_apns.connections_opened == 1
+
+
+async def test_b_cancelled_send_neither_hangs_nor_resends_its_neighbours(
+    apns: ApnsProvider, fake_apns: FakeApns
+) -> None:
+    neighbours = [f"neighbour-{i}" for i in range(5)]
+    for token in [*neighbours, "cancelled"]:
+        fake_apns.script(token, latency=0.4)
+    victim = asyncio.create_task(_send(apns, "cancelled"))
+    others = asyncio.gather(*(_send(apns, t) for t in neighbours))
+    await asyncio.sleep(0.1)
+    victim.cancel()
+
+    results = await others
+    with pytest.raises(asyncio.CancelledError):
+        await victim
+    assert all(isinstance(r, ProviderReceipt) for r in results)
+    await asyncio.sleep(0.5)
+    assert len(fake_apns.requests) == 6
+    assert await _send(apns, "after") == ProviderReceipt(
+        provider="apns", provider_message_id=ids_for("after").apns_id
+    )
+    assert {r.connection_id for r in fake_apns.requests} == {1}
+
+
+async def test_b_timed_out_send_abandons_its_connection_but_not_its_neighbours(
+    fake_apns: FakeApns,
+) -> None:
+    provider = ApnsProvider(fake_apns.settings(timeout_seconds=0.5, max_connections=1))
+    neighbours = [f"neighbour-{i}" for i in range(5)]
+    for token in neighbours:
+        fake_apns.script(token, latency=0.3)
+    fake_apns.script("stuck", latency=2.0)
+    try:
+        results = await asyncio.gather(*(_send(provider, t) for t in ["stuck", *neighbours]))
+        assert isinstance(results[0], UnknownOutcomeError)
+        assert all(isinstance(r, ProviderReceipt) for r in results[1:])
+        assert isinstance(await _send(provider, "fresh"), ProviderReceipt)
+    finally:
+        await provider.aclose()
+    assert len(fake_apns.requests) == 7
+    assert fake_apns.requests_for("fresh")[0].connection_id == 2
+
+
+async def test_c_3000_error_replies_on_one_connection_neither_stall_nor_duplicate(
+    apns: ApnsProvider, fake_apns: FakeApns
+) -> None:
+    fake_apns.script("bad", status=400, reason="BadDeviceToken")
+    limit = asyncio.Semaphore(100)
+
+    async def one(i: int) -> ProviderError | ProviderReceipt:
+        async with limit:
+            try:
+                return await apns.send(push_to("bad"), ids_for("bad", job=f"job-{i}"))
+            except ProviderError as exc:
+                return exc
+
+    results = await asyncio.gather(*(one(i) for i in range(3000)))
+
+    assert all(isinstance(r, InvalidDeviceToken) for r in results)
+    assert len(fake_apns.requests) == 3000
+    assert len({r.apns_id for r in fake_apns.requests}) == 3000
+    assert {r.connection_id for r in fake_apns.requests} == {1}
+
+
+async def test_c_an_error_body_split_across_data_frames_is_read_whole(
+    apns: ApnsProvider, fake_apns: FakeApns
+) -> None:
+    long_reason = "Unregistered" + "x" * 100_000  # > one frame, > the initial window
+    fake_apns.script("device-1", status=410, reason=long_reason)
+
+    with pytest.raises(InvalidDeviceToken) as raised:
+        await apns.send(push_to("device-1"), ids_for("device-1"))
+
+    assert raised.value.reason == long_reason
+    assert isinstance(await _send(apns, "device-2"), ProviderReceipt)
+    assert len(fake_apns.requests) == 2
+
+
+async def test_d_aclose_fails_in_flight_requests_without_resending(fake_apns: FakeApns) -> None:
+    provider = ApnsProvider(fake_apns.settings(timeout_seconds=0.3, max_connections=1))
+    tokens = [f"slow-{i}" for i in range(5)]
+    for token in tokens:
+        fake_apns.script(token, latency=3.0)
+    sends = asyncio.gather(*(_send(provider, t) for t in tokens))
+    await asyncio.sleep(0.1)
+
+    await provider.aclose()
+
+    assert all(isinstance(r, UnknownOutcomeError) for r in await sends)
+    await asyncio.sleep(0.5)
+    assert len(fake_apns.requests) == 5
+    assert fake_apns.connections_opened == 1
+
+
+async def test_d_aclose_lets_in_flight_requests_finish(fake_apns: FakeApns) -> None:
+    provider = ApnsProvider(fake_apns.settings(timeout_seconds=2.0))
+    fake_apns.script("quick", latency=0.2)
+    send = asyncio.create_task(_send(provider, "quick"))
+    await asyncio.sleep(0.05)
+
+    await provider.aclose()
+
+    assert isinstance(await send, ProviderReceipt)
+    assert len(fake_apns.requests) == 1
+
+
+async def test_e_two_concurrent_sends_with_one_apns_id_each_get_their_own_answer(
+    apns: ApnsProvider, fake_apns: FakeApns
+) -> None:
+    fake_apns.script("kept", latency=0.3)
+    fake_apns.script("gone", status=410, latency=0.1)
+    shared = ids_for("kept")
+
+    kept, gone = await asyncio.gather(
+        apns.send(push_to("kept"), shared),
+        apns.send(push_to("gone"), shared),
+        return_exceptions=True,
+    )
+
+    assert kept == ProviderReceipt(provider="apns", provider_message_id=shared.apns_id)
+    assert isinstance(gone, InvalidDeviceToken)
+    assert [r.apns_id for r in fake_apns.requests] == [shared.apns_id] * 2
+    assert {r.connection_id for r in fake_apns.requests} == {1}
