@@ -42,7 +42,6 @@ async def _run(target: str, settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(worker.stop()))
     await worker.wait_stopped()
-    await worker.stop()
     return 0
 
 

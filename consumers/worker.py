@@ -98,7 +98,8 @@ class Worker:
         self._connection: aio_pika.abc.AbstractRobustConnection | None = None
         self._loops: list[BatchLoop] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._stopped = asyncio.Event()
+        self._stopping = False
+        self._closed = asyncio.Event()
 
     async def start(self) -> None:
         db = self.settings.database
@@ -143,9 +144,10 @@ class Worker:
 
     async def stop(self) -> None:
         """Stop consuming, settle what was delivered, close. Idempotent."""
-        if self._stopped.is_set():
+        if self._stopping:
+            await self._closed.wait()
             return
-        self._stopped.set()
+        self._stopping = True
         grace = self.settings.worker.shutdown_grace_seconds
         log.info("worker_stopping", worker=self.worker_id, grace_s=grace)
         for loop in self._loops:
@@ -163,9 +165,11 @@ class Worker:
         if self.pool is not None:
             await self.pool.close()
         log.info("worker_stopped", worker=self.worker_id)
+        self._closed.set()
 
     async def wait_stopped(self) -> None:
-        await self._stopped.wait()
+        """Return once `stop()` (from a signal handler, say) has closed everything."""
+        await self._closed.wait()
 
     async def __aenter__(self) -> Worker:
         await self.start()

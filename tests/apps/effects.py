@@ -30,8 +30,8 @@ async def record(ctx: Context) -> None:
         os.getpid(),
     )
     hold = ctx.body.get("hold_s")
-    if isinstance(hold, int | float):  # the test SIGKILLs us while we hold the transaction
-        marker = os.environ.get("TEST_HOLD_MARKER")
-        if marker:  # tells the test that the transaction is open now
-            Path(marker).write_text(str(os.getpid()))  # noqa: ASYNC240 - a tiny test file
+    marker = os.environ.get("TEST_HOLD_MARKER")
+    if isinstance(hold, int | float) and marker:
+        # Tell the test the transaction is open, then hold it until SIGKILLed.
+        Path(marker).write_text(str(os.getpid()))  # noqa: ASYNC240 - a tiny test file
         await asyncio.sleep(hold)
