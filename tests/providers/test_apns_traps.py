@@ -10,18 +10,47 @@ import asyncio
 from collections import Counter
 
 import pytest
-from pushes import ids_for, push_to
 
 from providers import (
     ApnsProvider,
     InvalidDeviceToken,
+    Notification,
+    Platform,
+    Priority,
     ProviderError,
     ProviderReceipt,
+    Push,
+    SendIds,
+    Target,
     UnknownOutcomeError,
+    send_ids,
 )
 from providers.fakes.apns import FakeApns
 
 pytestmark = pytest.mark.timeout(30)
+
+
+def push_to(
+    token: str,
+    platform: Platform = Platform.IOS,
+    *,
+    priority: Priority | None = None,
+    ttl_seconds: int | None = None,
+    collapse_key: str | None = None,
+) -> Push:
+    """A visible notification to one device."""
+    note = Notification(title="Your order shipped", body="It arrives Friday", data={"order": "1"})
+    return Push(
+        target=Target(platform=platform, token=token),
+        notification=note,
+        priority=priority,
+        ttl_seconds=ttl_seconds,
+        collapse_key=collapse_key,
+    )
+
+
+def ids_for(token: str, job: str = "order-1042-shipped") -> SendIds:
+    return send_ids(job, token)
 
 
 async def _send(provider: ApnsProvider, token: str) -> ProviderReceipt | ProviderError:
