@@ -34,7 +34,7 @@ def _describe(message: aio_pika.abc.AbstractIncomingMessage) -> DeadLetter:
     reason = str(headers.get(REASON_HEADER, ""))
     if not reason and isinstance(death, list) and death:  # dead-lettered by the broker
         first = death[0]
-        reason = f"broker:{first.get('reason', '?')}" if isinstance(first, dict) else "broker"
+        reason = f"broker:{first.get('reason', '?')!s}" if isinstance(first, dict) else "broker"
     attempt = headers.get(ATTEMPT_HEADER, 1)
     return DeadLetter(
         message_id=message.message_id,
@@ -50,7 +50,7 @@ async def list_dead_letters(url: str, queue: str, limit: int) -> list[DeadLetter
     try:
         channel = await connection.channel()
         dlq = await channel.get_queue(dead_letter_queue(queue), ensure=True)
-        found = []
+        found: list[DeadLetter] = []
         while len(found) < limit:
             message = await dlq.get(no_ack=False, fail=False)
             if message is None:
