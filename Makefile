@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test check lint typecheck imports bench clean services
+.PHONY: install demo test check lint typecheck imports bench chaos clean services
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -32,6 +32,12 @@ typecheck: install
 
 imports: install
 	$(VENV)/bin/lint-imports
+
+bench: install services
+	$(PY) -m consumers bench
+
+chaos: install services
+	$(PY) -m consumers chaos
 
 check: lint typecheck imports test
 

@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the end-to-end demo: crashes, duplicates, a report")
     demo.add_argument("--jobs", type=int, default=10_000)
     demo.add_argument("--workers", type=int, default=2)
+    bench = sub.add_parser("bench", help="throughput and latency against a bare consumer")
+    bench.add_argument("args", nargs=argparse.REMAINDER)
+    chaos = sub.add_parser("chaos", help="faults on a schedule, then count lost and doubled")
+    chaos.add_argument("args", nargs=argparse.REMAINDER)
     dlq = sub.add_parser("dlq", help="list or replay dead letters")
     dlq.add_argument("action", choices=["list", "replay"])
     dlq.add_argument("queue")
@@ -76,6 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             code: int = asyncio.run(run_demo(settings, jobs=args.jobs, workers=args.workers))
             return code
+        if args.command == "bench":
+            from consumers.bench import main as bench_main
+
+            return bench_main(args.args, settings)
+        if args.command == "chaos":
+            from consumers.chaos import main as chaos_main
+
+            return chaos_main(args.args, settings)
         if args.command == "dlq":
             from consumers.deadletters import run_dlq
 

@@ -1,0 +1,12 @@
+"""`idempotent-workers chaos`: not built yet."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from consumers.settings import Settings
+
+
+def main(argv: Sequence[str], settings: Settings) -> int:
+    """Entry point of `idempotent-workers chaos`."""
+    raise SystemExit("idempotent-workers chaos: not built yet")
