@@ -23,12 +23,9 @@ import contextlib
 import os
 import random
 import signal
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import aio_pika
 import asyncpg
 import structlog
 
@@ -36,7 +33,7 @@ from consumers.app import HandlerSpec
 from consumers.context import Batch, Context
 from consumers.decisions import Reject, Retry
 from consumers.dispatch import Dispatcher
-from consumers.envelope import BadInput, Envelope, decode
+from consumers.items import Delivery, Item, decode_batch
 from consumers.settings import CrashPoint, WorkerSettings
 from consumers.verdict import (
     CONNECTION_ERRORS,
@@ -53,8 +50,6 @@ from dedupe import Claim, ClaimOutcome, DbConnection, Inbox
 
 log = structlog.get_logger(__name__)
 
-Delivery = aio_pika.abc.AbstractIncomingMessage
-
 # Re-runs of one batch after connection loss before its messages go to the
 # delay tiers instead (a message that breaks the connection must not loop).
 MAX_BATCH_RERUNS = 10
@@ -66,16 +61,6 @@ class _HandlerFailed(Exception):
     def __init__(self, alone: Item | None) -> None:
         super().__init__()
         self.alone = alone  # the failing message, when it was the batch's only new one
-
-
-@dataclass(slots=True)
-class Item:
-    delivery: Delivery
-    envelope: Envelope | None
-    verdict: Verdict | None = None
-    started: float = field(default_factory=time.monotonic)
-    tier: float | None = None  # the delay tier a retry went to
-    exhausted: bool = False  # a retry past the last attempt: dead-lettered instead
 
 
 class BatchRunner:
@@ -99,7 +84,7 @@ class BatchRunner:
 
     async def run(self, deliveries: Sequence[Delivery]) -> None:
         """Decide, commit and acknowledge every delivery of the batch."""
-        items = self._decode(deliveries)
+        items = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
         pending = [i for i in items if i.verdict is None]
         reruns = 0
         while pending:
@@ -128,30 +113,6 @@ class BatchRunner:
         self._crash_if(CrashPoint.AFTER_COMMIT)
         self.batches += 1
         await self.dispatcher.settle(self.spec, items)
-
-    def _decode(self, deliveries: Sequence[Delivery]) -> list[Item]:
-        items: list[Item] = []
-        first: dict[Any, Item] = {}
-        for delivery in deliveries:
-            envelope = decode(
-                delivery,
-                consumer=self.spec.queue,
-                max_body_bytes=self.settings.max_body_bytes,
-                fingerprinter=self.spec.fingerprint,
-            )
-            if isinstance(envelope, BadInput):
-                items.append(Item(delivery=delivery, envelope=None, verdict=dead(str(envelope))))
-                continue
-            item = Item(delivery=delivery, envelope=envelope)
-            earlier = first.get(envelope.key)
-            if earlier is None:
-                first[envelope.key] = item
-            else:  # the same key twice in one batch: the first one claims it
-                assert earlier.envelope is not None
-                same = earlier.envelope.fingerprint == envelope.fingerprint
-                item.verdict = DUPLICATE if same else REUSED
-            items.append(item)
-        return items
 
     async def _transact(self, items: list[Item]) -> None:
         """One transaction for the batch; sets every item's verdict."""

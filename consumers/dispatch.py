@@ -24,7 +24,7 @@ from consumers.verdict import Outcome
 
 if TYPE_CHECKING:
     from consumers.app import HandlerSpec
-    from consumers.batch import Item
+    from consumers.items import Item
 
 log = structlog.get_logger(__name__)
 

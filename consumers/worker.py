@@ -25,9 +25,10 @@ import asyncpg
 import structlog
 
 from consumers.app import App, HandlerSpec
-from consumers.batch import BatchRunner, Delivery
+from consumers.batch import BatchRunner
 from consumers.decisions import ConfigurationError
 from consumers.dispatch import Dispatcher
+from consumers.items import Delivery
 from consumers.settings import Settings
 from consumers.topology import declare
 from dedupe import Inbox, check_schema, quote_ident
