@@ -66,10 +66,11 @@ class Dispatcher:
             headers[ERROR_HEADER] = verdict.error
         if not delivery.message_id:
             headers[NO_MESSAGE_ID_HEADER] = True
-        if verdict.outcome is Outcome.RETRY_SCHEDULED and not spec.retry.exhausted(attempt):
+        retrying = verdict.outcome is Outcome.RETRY_SCHEDULED
+        if retrying and (not verdict.spend_attempt or not spec.retry.exhausted(attempt)):
             wanted = verdict.delay if verdict.delay is not None else spec.retry.backoff(attempt)
             tier = spec.retry.tier_for(wanted)
-            headers[ATTEMPT_HEADER] = attempt + 1
+            headers[ATTEMPT_HEADER] = attempt + 1 if verdict.spend_attempt else attempt
             headers[REASON_HEADER] = verdict.reason
             routing_key = tier_queue(spec.queue, tier)
             item.tier = tier

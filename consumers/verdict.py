@@ -24,6 +24,9 @@ class Verdict:
     reason: str = ""
     delay: float | None = None  # wanted delay for a retry (None: the policy's backoff)
     error: str = ""  # the exception, for the dead letter's headers and the log
+    # False when waiting is not the message's fault (another worker holds its
+    # send lease): it goes through a delay tier without spending an attempt.
+    spend_attempt: bool = True
 
 
 EFFECT = Verdict(outcome=Outcome.EFFECT_COMMITTED)
@@ -35,8 +38,16 @@ def dead(reason: str, error: str = "") -> Verdict:
     return Verdict(outcome=Outcome.DEAD_LETTERED, reason=reason, error=error)
 
 
-def retry(reason: str, delay: float | None = None, error: str = "") -> Verdict:
-    return Verdict(outcome=Outcome.RETRY_SCHEDULED, reason=reason, delay=delay, error=error)
+def retry(
+    reason: str, delay: float | None = None, error: str = "", *, spend_attempt: bool = True
+) -> Verdict:
+    return Verdict(
+        outcome=Outcome.RETRY_SCHEDULED,
+        reason=reason,
+        delay=delay,
+        error=error,
+        spend_attempt=spend_attempt,
+    )
 
 
 # Errors after which the same statements may well succeed: retry the message.
