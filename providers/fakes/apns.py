@@ -13,6 +13,7 @@ one body that is split into DATA frames only as flow control demands, like APNs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import tempfile
 import time
@@ -212,6 +213,9 @@ class _ServerConnection(asyncio.Protocol):
         self.timers: dict[int, asyncio.TimerHandle] = {}
         self.loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self.loop.create_future()
+        encode = functools.partial(self.h2.encoder.encode, huffman=False)
+        self.h2.encoder.encode = encode  # type: ignore[method-assign]  # h2 has no huffman option
+        self.flush_scheduled = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -232,6 +236,7 @@ class _ServerConnection(asyncio.Protocol):
             self.transport.abort()
 
     def flush(self) -> None:
+        self.flush_scheduled = False
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(self.h2.data_to_send())
 
@@ -309,7 +314,9 @@ class _ServerConnection(asyncio.Protocol):
         if body:
             self.outgoing[stream_id] = body
             self.pump()
-        self.flush()
+        if not self.flush_scheduled:  # one write for every answer due this loop turn
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
 
     def pump(self) -> None:
         """Send pending bodies as far as flow control allows; the rest on WINDOW_UPDATE."""
