@@ -13,15 +13,33 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from consumers.context import Batch, Context
 from consumers.decisions import ConfigurationError
 from consumers.envelope import Fingerprinter
 from consumers.retry import RetryPolicy
+from dedupe import UnknownOutcome
+from providers import Provider
+
+if TYPE_CHECKING:
+    from consumers.push import InvalidTokenHook
 
 MessageHandler = Callable[[Context], Awaitable[None]]
 BatchHandler = Callable[[Batch], Awaitable[None]]
+
+
+ProviderFactory = Callable[[], Awaitable[Provider]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PushSpec:
+    """How a push queue sends: see `App.push_handler`."""
+
+    provider: ProviderFactory
+    on_invalid_token: InvalidTokenHook | None = None
+    unknown_outcome: UnknownOutcome = UnknownOutcome.RESEND
+    lease_seconds: float = 30.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,6 +47,7 @@ class HandlerSpec:
     queue: str
     handle: MessageHandler | None = None
     handle_batch: BatchHandler | None = None
+    push: PushSpec | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     fingerprint: Fingerprinter | None = None
 
@@ -89,6 +108,38 @@ class App:
             return fn
 
         return register
+
+    def push_handler(
+        self,
+        queue: str,
+        *,
+        provider: ProviderFactory,
+        on_invalid_token: InvalidTokenHook | None = None,
+        unknown_outcome: UnknownOutcome = UnknownOutcome.RESEND,
+        lease_seconds: float = 30.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        """Send the push jobs of `queue` (format: `consumers.push_job`) through `provider`.
+
+        `provider` is called once, inside the worker's event loop, to build the
+        Provider (aioapns needs the running loop). `on_invalid_token(tx, dead)`
+        runs once per dead token, in the transaction that records it.
+        `lease_seconds` must exceed the provider's own timeout.
+        """
+        if lease_seconds <= 0:
+            raise ConfigurationError("lease_seconds must be positive")
+        self._add(
+            HandlerSpec(
+                queue=queue,
+                push=PushSpec(
+                    provider=provider,
+                    on_invalid_token=on_invalid_token,
+                    unknown_outcome=unknown_outcome,
+                    lease_seconds=lease_seconds,
+                ),
+                retry=retry or self.retry,
+            )
+        )
 
     def _add(self, spec: HandlerSpec) -> None:
         if not spec.queue or len(spec.queue.encode()) > 200:

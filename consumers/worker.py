@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import socket
 from collections import deque
 from typing import Any
@@ -29,9 +30,13 @@ from consumers.batch import BatchRunner
 from consumers.decisions import ConfigurationError
 from consumers.dispatch import Dispatcher
 from consumers.items import Delivery
+from consumers.push import PushRunner
 from consumers.settings import Settings
 from consumers.topology import declare
-from dedupe import Inbox, check_schema, quote_ident
+from dedupe import Inbox, SendLedger, check_schema, quote_ident
+from providers import Provider
+
+Runner = BatchRunner | PushRunner
 
 log = structlog.get_logger(__name__)
 
@@ -39,7 +44,7 @@ log = structlog.get_logger(__name__)
 class BatchLoop:
     """One channel's deliveries, settled one batch at a time."""
 
-    def __init__(self, runner: BatchRunner, max_batch: int) -> None:
+    def __init__(self, runner: BatchRunner | PushRunner, max_batch: int) -> None:
         self.runner = runner
         self.max_batch = max_batch
         self.buffer: deque[Delivery] = deque()
@@ -93,7 +98,9 @@ class Worker:
             raise ConfigurationError("the app has no handlers")
         self.app = app
         self.settings = settings or Settings()
-        self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        # The send-lease owner: unique per process, also across PID reuse.
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._providers: dict[str, Provider] = {}
         self.log_effects = log_effects
         self.pool: asyncpg.Pool | None = None
         self._connection: aio_pika.abc.AbstractRobustConnection | None = None
@@ -125,6 +132,13 @@ class Worker:
             concurrency=ws.concurrency,
         )
 
+    async def _provider(self, spec: HandlerSpec) -> Provider:
+        """The queue's provider, built once inside the running loop."""
+        assert spec.push is not None
+        if spec.queue not in self._providers:
+            self._providers[spec.queue] = await spec.push.provider()
+        return self._providers[spec.queue]
+
     async def _start_queue(self, spec: HandlerSpec, dispatcher: Dispatcher, inbox: Inbox) -> None:
         assert self._connection is not None and self.pool is not None
         ws = self.settings.worker
@@ -134,9 +148,21 @@ class Worker:
             if n == 0:
                 await declare(channel, spec.queue, spec.retry, self.settings.amqp)
             queue = await channel.get_queue(spec.queue, ensure=False)
-            runner = BatchRunner(
-                spec=spec, pool=self.pool, inbox=inbox, dispatcher=dispatcher, settings=ws
-            )
+            runner: Runner
+            if spec.push is not None:
+                runner = PushRunner(
+                    spec=spec,
+                    pool=self.pool,
+                    inbox=inbox,
+                    ledger=SendLedger(self.settings.database.schema, self.worker_id),
+                    provider=await self._provider(spec),
+                    dispatcher=dispatcher,
+                    settings=ws,
+                )
+            else:
+                runner = BatchRunner(
+                    spec=spec, pool=self.pool, inbox=inbox, dispatcher=dispatcher, settings=ws
+                )
             loop = BatchLoop(runner, ws.max_batch)
             loop.queue = queue
             self._tasks.append(asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}"))
@@ -163,6 +189,11 @@ class Worker:
                 log.warning("shutdown_grace_exceeded", unsettled=unsettled)
         if self._connection is not None:
             await self._connection.close()
+        for provider in self._providers.values():
+            try:
+                await provider.aclose()
+            except Exception:
+                log.exception("provider_close_failed", provider=provider.name)
         if self.pool is not None:
             await self.pool.close()
         log.info("worker_stopped", worker=self.worker_id)

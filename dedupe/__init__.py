@@ -1,9 +1,18 @@
-"""The PostgreSQL side: migrations, the inbox of processed messages, fingerprints."""
+"""The PostgreSQL side: migrations, the inbox of processed messages, the send ledger."""
 
 from dedupe.connection import DbConnection
 from dedupe.errors import DedupeError, MigrationError, SchemaMissing
 from dedupe.fingerprint import canonical_json, fingerprint
 from dedupe.inbox import Claim, ClaimOutcome, DedupeKey, Inbox
+from dedupe.ledger import (
+    SendIntent,
+    SendLedger,
+    SendResult,
+    SendRow,
+    SendStatus,
+    TargetKey,
+    UnknownOutcome,
+)
 from dedupe.migrate import available_migrations, check_schema, migrate, quote_ident
 
 __all__ = [
@@ -15,6 +24,13 @@ __all__ = [
     "Inbox",
     "MigrationError",
     "SchemaMissing",
+    "SendIntent",
+    "SendLedger",
+    "SendResult",
+    "SendRow",
+    "SendStatus",
+    "TargetKey",
+    "UnknownOutcome",
     "available_migrations",
     "canonical_json",
     "check_schema",

@@ -140,6 +140,7 @@ async def test_message_published_concurrently_to_four_competing_workers_applies_
     assert len(pids) >= 2, "the copies were not spread over competing workers"
     ignored = sum(w.log_text().count("duplicate_ignored") for w in workers)
     assert ignored == 900
+    assert not any("batch_failed" in w.log_text() for w in workers)
     assert await drain_dead_letters(channel, queue_name) == []
 
 

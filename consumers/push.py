@@ -1,0 +1,375 @@
+"""A push batch, top to bottom: claim + intent -> commit -> send -> record -> commit -> ack.
+
+A push cannot share our transaction, so the ledger brackets it:
+
+1. one transaction claims each job's dedupe key and writes its targets as
+   `sending`, leased to this worker, with ids derived from the dedupe key
+   (a redelivered job instead leases the targets not yet sent). COMMIT;
+2. no transaction open: send every leased target, concurrently, with those
+   ids and the collapse ids set;
+3. one transaction records each answer (`sent` with the provider's id,
+   `failed` with the reason, or back to `claimed` to retry) and runs the
+   `on_invalid_token` hook for dead tokens. COMMIT, then ack.
+
+A crash between the provider accepting and step 3's commit leaves the row
+`sending`; once its lease expires a redelivery applies the UnknownOutcome
+policy: RESEND with the same apns-id and collapse id (the device collapses the
+duplicate), or SKIP. A live lease of another worker means it is sending right
+now: the job waits in a delay tier, never a second send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import asyncpg
+import structlog
+
+from consumers.dispatch import Dispatcher
+from consumers.items import Delivery, Item, decode_batch
+from consumers.push_job import InvalidPushJob, PushJob, parse_push_job
+from consumers.settings import CrashPoint, WorkerSettings
+from consumers.verdict import CONNECTION_ERRORS, DUPLICATE, EFFECT, REUSED, dead, describe, retry
+from dedupe import (
+    Claim,
+    ClaimOutcome,
+    DbConnection,
+    DedupeKey,
+    Inbox,
+    SendIntent,
+    SendLedger,
+    SendResult,
+    SendStatus,
+    TargetKey,
+    UnknownOutcome,
+)
+from providers import (
+    InvalidDeviceToken,
+    PermanentProviderError,
+    Provider,
+    ProviderReceipt,
+    SendIds,
+    Target,
+    TransientProviderError,
+    UnknownOutcomeError,
+    send_ids,
+)
+
+if TYPE_CHECKING:
+    from consumers.app import HandlerSpec
+
+log = structlog.get_logger(__name__)
+
+MAX_RERUNS = 10
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadToken:
+    """A device token the provider called bad or unregistered: prune the device."""
+
+    tenant: str
+    message_id: str
+    platform: str
+    token: str
+    reason: str
+
+
+InvalidTokenHook = Callable[[DbConnection, DeadToken], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class _Send:
+    item: Item
+    job: PushJob
+    target: TargetKey
+    device: Target
+    ids: SendIds
+    result: SendResult | None = None
+    retry_after: float | None = None
+    dead_token: bool = False
+
+
+def dedupe_key_text(key: DedupeKey) -> str:
+    """The string the send ids derive from: stable for a job's whole life."""
+    return f"{key.consumer}\0{key.tenant}\0{key.message_id}"
+
+
+def redact(token: str) -> str:
+    return f"{token[:6]}…" if len(token) > 8 else "…"
+
+
+class PushRunner:
+    """Runs push batches for one queue with one provider."""
+
+    def __init__(
+        self,
+        *,
+        spec: HandlerSpec,
+        pool: asyncpg.Pool,
+        inbox: Inbox,
+        ledger: SendLedger,
+        provider: Provider,
+        dispatcher: Dispatcher,
+        settings: WorkerSettings,
+    ) -> None:
+        assert spec.push is not None
+        self.spec = spec
+        self.push = spec.push
+        self.pool = pool
+        self.inbox = inbox
+        self.ledger = ledger
+        self.provider = provider
+        self.dispatcher = dispatcher
+        self.settings = settings
+        self.batches = 0
+
+    async def run(self, deliveries: Sequence[Delivery]) -> None:
+        items = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
+        jobs: dict[int, PushJob] = {}
+        for item in items:
+            if item.verdict is None:
+                assert item.envelope is not None
+                try:
+                    jobs[id(item)] = parse_push_job(item.envelope.body)
+                except InvalidPushJob as exc:
+                    item.verdict = dead("invalid_push_job", error=str(exc))
+        pending = [i for i in items if i.verdict is None]
+        sends = await self._with_reruns(lambda: self._claim(pending, jobs), pending)
+        if sends:
+            await self._send(sends)
+            if await self._with_reruns(lambda: self._record(sends), []):
+                self._judge(sends)
+            else:
+                # Answers not recorded: the rows stay `sending` under our lease.
+                # Come back once it has expired; the policy then decides.
+                for send in sends:
+                    send.item.verdict = retry(
+                        "ledger_unavailable", delay=self.push.lease_seconds + 1.0
+                    )
+        for item in pending:
+            if item.verdict is None:  # claimed before, every target already answered
+                item.verdict = DUPLICATE
+        self._crash_if(CrashPoint.AFTER_COMMIT)
+        self.batches += 1
+        await self.dispatcher.settle(self.spec, items)
+
+    async def _with_reruns(
+        self, step: Callable[[], Awaitable[list[_Send]]], items: list[Item]
+    ) -> list[_Send]:
+        """Run a transaction step, again after a lost connection (nothing was acked).
+
+        Returns the step's sends; after the last failed rerun, [] (and `items`
+        go to a delay tier).
+        """
+        for rerun in range(1, MAX_RERUNS + 1):
+            try:
+                return await step()
+            except CONNECTION_ERRORS as exc:
+                if rerun == MAX_RERUNS:
+                    for item in items:
+                        item.verdict = retry("database_unavailable", error=describe(exc))
+                    return []
+                for item in items:
+                    item.verdict = None
+                delay = random.uniform(0, min(5.0, 0.1 * 2**rerun))
+                log.warning("push_step_rerun", consumer=self.spec.queue, error=describe(exc))
+                await asyncio.sleep(delay)
+        return []
+
+    async def _claim(self, items: list[Item], jobs: dict[int, PushJob]) -> list[_Send]:
+        """Step 1: claim jobs, write or lease their targets; commit before any send."""
+        if not items:
+            return []
+        sends: list[_Send] = []
+        async with self.pool.acquire() as conn, conn.transaction():
+            claims = [
+                Claim(key=i.envelope.key, fingerprint=i.envelope.fingerprint)
+                for i in items
+                if i.envelope is not None
+            ]
+            outcomes = await self.inbox.claim(conn, claims)
+            intents: list[SendIntent] = []
+            seen_before: dict[DedupeKey, Item] = {}
+            for item, outcome in zip(items, outcomes, strict=True):
+                assert item.envelope is not None
+                job = jobs[id(item)]
+                if outcome is ClaimOutcome.REUSED:
+                    item.verdict = REUSED
+                elif outcome is ClaimOutcome.DUPLICATE:
+                    seen_before[item.envelope.key] = item
+                else:
+                    for index, device in enumerate(job.targets):
+                        send = self._new_send(item, job, index, device)
+                        sends.append(send)
+                        intents.append(
+                            SendIntent(
+                                target=send.target,
+                                platform=str(device.platform),
+                                token=device.token,
+                                apns_id=send.ids.apns_id,
+                                collapse_id=send.ids.collapse_id,
+                            )
+                        )
+            await self.ledger.open(conn, intents, self.push.lease_seconds)
+            rows = await self.ledger.take(
+                conn, list(seen_before), self.push.lease_seconds, self.push.unknown_outcome
+            )
+        busy: dict[DedupeKey, float] = {}
+        for row in rows:
+            item = seen_before[row.target.key]
+            if row.mine:
+                device = jobs[id(item)].targets[row.target.target_index]
+                sends.append(self._new_send(item, jobs[id(item)], row.target.target_index, device))
+            elif row.status is SendStatus.SENDING:
+                busy[row.target.key] = max(busy.get(row.target.key, 0.0), row.lease_seconds_left)
+        for key, item in seen_before.items():
+            if key in busy:  # another worker is sending right now: the queue's 409
+                item.verdict = retry("send_in_progress", delay=busy[key] + 0.5, spend_attempt=False)
+        return sends
+
+    def _new_send(self, item: Item, job: PushJob, index: int, device: Target) -> _Send:
+        assert item.envelope is not None
+        key = item.envelope.key
+        return _Send(
+            item=item,
+            job=job,
+            target=TargetKey(key=key, target_index=index),
+            device=device,
+            ids=send_ids(dedupe_key_text(key), device.token, collapse_key=job.collapse_key),
+        )
+
+    async def _send(self, sends: list[_Send]) -> None:
+        """Step 2: every leased target at once; no transaction is open."""
+        answers = await asyncio.gather(
+            *(self.provider.send(s.job.push_for(s.device), s.ids) for s in sends),
+            return_exceptions=True,
+        )
+        for send, answer in zip(sends, answers, strict=True):
+            send.result = self._result(send, answer)
+
+    def _result(self, send: _Send, answer: ProviderReceipt | BaseException) -> SendResult:
+        target = send.target
+        if isinstance(answer, ProviderReceipt):
+            return SendResult(
+                target=target,
+                status=SendStatus.SENT,
+                provider_message_id=answer.provider_message_id,
+            )
+        if isinstance(answer, InvalidDeviceToken):
+            send.dead_token = True
+            return SendResult(target=target, status=SendStatus.FAILED, failure_reason=answer.reason)
+        if isinstance(answer, PermanentProviderError):
+            return SendResult(target=target, status=SendStatus.FAILED, failure_reason=answer.reason)
+        if isinstance(answer, TransientProviderError):
+            send.retry_after = answer.retry_after
+            return SendResult(
+                target=target, status=SendStatus.CLAIMED, failure_reason=answer.reason
+            )
+        if isinstance(answer, asyncio.CancelledError):
+            raise answer
+        # UnknownOutcomeError, or any other failure mid-call: it may have been sent.
+        reason = answer.reason if isinstance(answer, UnknownOutcomeError) else describe(answer)
+        if self.push.unknown_outcome is UnknownOutcome.SKIP:
+            return SendResult(
+                target=target,
+                status=SendStatus.FAILED,
+                failure_reason=f"unknown_outcome_skipped: {reason}",
+            )
+        return SendResult(
+            target=target, status=SendStatus.CLAIMED, failure_reason=f"unknown_outcome: {reason}"
+        )
+
+    async def _record(self, sends: list[_Send]) -> list[_Send]:
+        """Step 3: record every answer and prune dead tokens, in one transaction."""
+        results = [s.result for s in sends if s.result is not None]
+        async with self.pool.acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            try:
+                recorded = set(await self.ledger.record(conn, results))
+                hook = self.push.on_invalid_token
+                for send in sends:
+                    if hook is not None and send.dead_token and send.target in recorded:
+                        await hook(conn, self._dead_token(send))
+                self._crash_if(CrashPoint.AFTER_SEND)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await tx.rollback()
+                raise
+            await tx.commit()  # <- answers durable; only now may the jobs be acked
+        for send in sends:
+            self._log_send(send, recorded=send.target in recorded)
+        return sends
+
+    def _dead_token(self, send: _Send) -> DeadToken:
+        assert send.result is not None
+        return DeadToken(
+            tenant=send.target.key.tenant,
+            message_id=send.target.key.message_id,
+            platform=str(send.device.platform),
+            token=send.device.token,
+            reason=send.result.failure_reason or "",
+        )
+
+    def _judge(self, sends: list[_Send]) -> None:
+        """Each job's verdict from its targets' answers."""
+        later: dict[int, tuple[Item, float | None, str]] = {}
+        for send in sends:
+            result = send.result
+            assert result is not None
+            if result.status is SendStatus.CLAIMED:
+                item, after, _ = later.get(id(send.item), (send.item, None, ""))
+                wanted = max(filter(None, (after, send.retry_after)), default=None)
+                later[id(send.item)] = (item, wanted, result.failure_reason or "")
+        for send in sends:
+            if send.item.verdict is not None:
+                continue  # already waiting on another worker's lease
+            if id(send.item) in later:
+                _, wanted, why = later[id(send.item)]
+                reason = "unknown_outcome" if why.startswith("unknown") else "provider_unavailable"
+                send.item.verdict = retry(reason, delay=wanted, error=why)
+            else:
+                send.item.verdict = EFFECT
+
+    def _log_send(self, send: _Send, *, recorded: bool) -> None:
+        result = send.result
+        assert result is not None
+        fields = {
+            "consumer": self.spec.queue,
+            "tenant": send.target.key.tenant,
+            "message_id": send.target.key.message_id,
+            "attempt": send.item.envelope.attempt if send.item.envelope else 1,
+            "target": send.target.target_index,
+            "platform": str(send.device.platform),
+            "token": redact(send.device.token),
+            "provider": self.provider.name,
+            "apns_id": send.ids.apns_id,
+            "collapse_id": send.ids.collapse_id,
+            "recorded": recorded,
+        }
+        if result.status is SendStatus.SENT:
+            log.info("push_sent", provider_message_id=result.provider_message_id, **fields)
+        elif send.dead_token:
+            log.warning("invalid_token", reason=result.failure_reason, **fields)
+        elif result.status is SendStatus.FAILED:
+            log.warning("push_failed", reason=result.failure_reason, **fields)
+        else:
+            log.warning(
+                "push_deferred",
+                reason=result.failure_reason,
+                retry_after=send.retry_after,
+                **fields,
+            )
+
+    def _crash_if(self, point: CrashPoint) -> None:
+        """Fault injection for crash tests: SIGKILL this process at `point`."""
+        if self.settings.crash_at is point and self.batches >= self.settings.crash_after_batches:
+            log.warning("crash_injected", point=str(point), batches=self.batches)
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,234 @@
+"""The send ledger: one row per (dedupe key, target) of an external send.
+
+    claimed --take--> sending --record--> sent | failed
+       ^                 |
+       +----release------+   (transient error, or unknown outcome with RESEND)
+
+`sending` holds a lease: a worker id and an expiry on PostgreSQL's clock.
+While the lease is live another worker must not send (it requeues the job);
+once it expired, the sender died mid-call and the outcome is unknown, so the
+consumer's `UnknownOutcome` policy decides: RESEND (same ids, the device
+collapses a duplicate) or SKIP (mark it failed).
+
+Every transition is a compare-and-set (`UPDATE ... WHERE status = ...`), so
+two workers racing for one row cannot both win, and each statement handles a
+whole batch, its keys in sorted order. No transaction stays open while a
+provider call is in flight: `open`/`take` commit before the call, `record`
+commits after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import asyncpg
+
+from dedupe.connection import DbConnection
+from dedupe.inbox import DedupeKey
+from dedupe.migrate import quote_ident
+
+
+class SendStatus(StrEnum):
+    CLAIMED = "claimed"
+    SENDING = "sending"
+    SENT = "sent"
+    FAILED = "failed"
+
+
+class UnknownOutcome(StrEnum):
+    """What to do with a send whose outcome is unknown (crash or timeout mid-call)."""
+
+    RESEND = "resend"  # send again with the same apns-id and collapse id
+    SKIP = "skip"  # mark it failed: never risk a second notification
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, order=True)
+class TargetKey:
+    key: DedupeKey
+    target_index: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendIntent:
+    """A target of a new job, with the ids every attempt will carry."""
+
+    target: TargetKey
+    platform: str
+    token: str
+    apns_id: str
+    collapse_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendRow:
+    target: TargetKey
+    platform: str
+    token: str
+    apns_id: str
+    collapse_id: str
+    status: SendStatus
+    sends: int
+    lease_seconds_left: float  # 0 unless `sending` with a live lease
+    mine: bool  # this worker holds the lease now: it must send
+    provider_message_id: str | None
+    failure_reason: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendResult:
+    """The answer for one target: `sent`, `failed`, or back to `claimed` (release)."""
+
+    target: TargetKey
+    status: SendStatus
+    provider_message_id: str | None = None
+    failure_reason: str | None = None
+
+
+_COLUMNS = (
+    "consumer, tenant, message_id, target_index, platform, token, apns_id::text, collapse_id,"
+    " status, sends, provider_message_id, failure_reason, lease_owner,"
+    " greatest(extract(epoch FROM lease_expires_at - now()), 0)::float8"
+)
+
+
+class SendLedger:
+    """The `outbound_sends` table of one schema, for one worker (the lease owner)."""
+
+    def __init__(self, schema: str, owner: str) -> None:
+        self.owner = owner
+        self._table = f"{quote_ident(schema)}.outbound_sends"
+
+    async def open(
+        self, tx: DbConnection, intents: Sequence[SendIntent], lease_seconds: float
+    ) -> None:
+        """Write the intents of new jobs as `sending`, leased to this worker."""
+        if not intents:
+            return
+        ordered = sorted(intents, key=lambda i: i.target)
+        await tx.execute(
+            f"INSERT INTO {self._table} (consumer, tenant, message_id, target_index, platform,"
+            " token, apns_id, collapse_id, status, lease_owner, lease_expires_at, sends)"
+            " SELECT c, t, m, i, p, tok, a::uuid, col, 'sending', $9,"
+            "  now() + make_interval(secs => $10), 1"
+            " FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::text[],"
+            "  $7::text[], $8::text[]) AS x(c, t, m, i, p, tok, a, col)",
+            [i.target.key.consumer for i in ordered],
+            [i.target.key.tenant for i in ordered],
+            [i.target.key.message_id for i in ordered],
+            [i.target.target_index for i in ordered],
+            [i.platform for i in ordered],
+            [i.token for i in ordered],
+            [i.apns_id for i in ordered],
+            [i.collapse_id for i in ordered],
+            self.owner,
+            lease_seconds,
+        )
+
+    async def take(
+        self,
+        tx: DbConnection,
+        keys: Sequence[DedupeKey],
+        lease_seconds: float,
+        policy: UnknownOutcome,
+    ) -> list[SendRow]:
+        """For jobs claimed before: lease what may be sent now; return every row.
+
+        `claimed` rows, and `sending` rows whose lease expired (under RESEND),
+        move to `sending` leased to this worker (`mine`). Under SKIP an expired
+        `sending` row becomes `failed`. A live lease of another worker is left
+        alone: the caller requeues that job.
+        """
+        if not keys:
+            return []
+        ordered = sorted(set(keys))
+        arrays = (
+            [k.consumer for k in ordered],
+            [k.tenant for k in ordered],
+            [k.message_id for k in ordered],
+        )
+        keys_sql = "unnest($1::text[], $2::text[], $3::text[]) AS k(c, t, m)"
+        where = " WHERE (o.consumer, o.tenant, o.message_id) = (k.c, k.t, k.m)"
+        match = f" FROM {keys_sql}{where}"
+        if policy is UnknownOutcome.SKIP:
+            await tx.execute(
+                f"UPDATE {self._table} o SET status = 'failed', lease_owner = NULL,"
+                " lease_expires_at = NULL, failure_reason = 'unknown_outcome_skipped',"
+                " updated_at = now()" + match + " AND o.status = 'sending'"
+                " AND o.lease_expires_at < now()",
+                *arrays,
+            )
+        taken = await tx.fetch(
+            f"UPDATE {self._table} o SET status = 'sending', lease_owner = $4,"
+            " lease_expires_at = now() + make_interval(secs => $5), sends = o.sends + 1,"
+            " updated_at = now()" + match + " AND (o.status = 'claimed'"
+            " OR (o.status = 'sending' AND o.lease_expires_at < now()))"
+            " RETURNING o.target_index, o.consumer, o.tenant, o.message_id",
+            *arrays,
+            self.owner,
+            lease_seconds,
+        )
+        mine = {
+            TargetKey(key=DedupeKey(consumer=r[1], tenant=r[2], message_id=r[3]), target_index=r[0])
+            for r in taken
+        }
+        rows = await tx.fetch(
+            f"SELECT {_COLUMNS} FROM {self._table} o, {keys_sql}{where}"
+            " ORDER BY o.consumer, o.tenant, o.message_id, o.target_index",
+            *arrays,
+        )
+        return [_row(r, mine) for r in rows]
+
+    async def record(self, tx: DbConnection, results: Sequence[SendResult]) -> list[TargetKey]:
+        """Record provider answers on rows this worker still leases; return those recorded.
+
+        A row whose lease another worker took over meanwhile is not touched:
+        that worker's answer is the one that counts.
+        """
+        if not results:
+            return []
+        ordered = sorted(results, key=lambda r: r.target)
+        rows = await tx.fetch(
+            f"UPDATE {self._table} o SET status = x.s, provider_message_id = x.pid,"
+            " failure_reason = x.why, lease_owner = NULL, lease_expires_at = NULL,"
+            " updated_at = now()"
+            " FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[],"
+            "  $6::text[], $7::text[]) AS x(c, t, m, i, s, pid, why)"
+            " WHERE (o.consumer, o.tenant, o.message_id, o.target_index) = (x.c, x.t, x.m, x.i)"
+            " AND o.status = 'sending' AND o.lease_owner = $8"
+            " RETURNING o.consumer, o.tenant, o.message_id, o.target_index",
+            [r.target.key.consumer for r in ordered],
+            [r.target.key.tenant for r in ordered],
+            [r.target.key.message_id for r in ordered],
+            [r.target.target_index for r in ordered],
+            [str(r.status) for r in ordered],
+            [r.provider_message_id for r in ordered],
+            [r.failure_reason for r in ordered],
+            self.owner,
+        )
+        return [
+            TargetKey(key=DedupeKey(consumer=r[0], tenant=r[1], message_id=r[2]), target_index=r[3])
+            for r in rows
+        ]
+
+
+def _row(record: asyncpg.Record, mine: set[TargetKey]) -> SendRow:
+    target = TargetKey(
+        key=DedupeKey(consumer=record[0], tenant=record[1], message_id=record[2]),
+        target_index=record[3],
+    )
+    status = SendStatus(record[8])
+    return SendRow(
+        target=target,
+        platform=record[4],
+        token=record[5],
+        apns_id=record[6],
+        collapse_id=record[7],
+        status=status,
+        sends=record[9],
+        provider_message_id=record[10],
+        failure_reason=record[11],
+        lease_seconds_left=float(record[13] or 0.0) if status is SendStatus.SENDING else 0.0,
+        mine=target in mine,
+    )

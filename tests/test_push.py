@@ -1,0 +1,424 @@
+"""Push sends through the ledger: real aioapns and pyfcm against the local fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aio_pika
+import pytest
+
+from consumers import (
+    App,
+    DeadToken,
+    Publisher,
+    Settings,
+    UnknownOutcome,
+    Worker,
+    push_job_body,
+)
+from consumers.envelope import REASON_HEADER
+from dedupe import DbConnection
+from providers import ApnsProvider, FcmProvider, Platform, PlatformRouter, Provider, Target
+from providers.fakes.apns import FakeApns
+from providers.fakes.fcm import FakeFcm
+from tests.apps.push_app import FAST_RETRY
+from tests.conftest import AMQP_URL
+from tests.support import WorkerProcess, drain_dead_letters, settle, wait_for
+
+IOS = Target(platform=Platform.IOS, token="ios-token-aaaaaaaaaaaa")
+IOS_2 = Target(platform=Platform.IOS, token="ios-token-bbbbbbbbbbbb")
+ANDROID = Target(platform=Platform.ANDROID, token="android-token-cccccccc")
+
+
+@pytest.fixture
+async def fake_apns() -> AsyncIterator[FakeApns]:
+    async with FakeApns() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def fake_fcm() -> AsyncIterator[FakeFcm]:
+    async with FakeFcm() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def pruned(db: DbConnection) -> DbConnection:
+    await db.execute(
+        "CREATE TABLE pruned_devices (token text NOT NULL, reason text NOT NULL,"
+        " worker_pid integer NOT NULL)"
+    )
+    return db
+
+
+def push_app(
+    queue: str,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+    *,
+    timeout: float = 5.0,
+    unknown_outcome: UnknownOutcome = UnknownOutcome.RESEND,
+) -> App:
+    app = App(retry=FAST_RETRY)
+
+    async def provider() -> Provider:
+        return PlatformRouter(
+            apns=ApnsProvider(fake_apns.settings(timeout_seconds=timeout)),
+            fcm=FcmProvider(fake_fcm.settings(timeout_seconds=timeout)),
+        )
+
+    async def prune(tx: DbConnection, dead: DeadToken) -> None:
+        await tx.execute(
+            "INSERT INTO pruned_devices (token, reason, worker_pid) VALUES ($1, $2, 0)",
+            dead.token,
+            dead.reason,
+        )
+
+    app.push_handler(
+        queue,
+        provider=provider,
+        on_invalid_token=prune,
+        unknown_outcome=unknown_outcome,
+        lease_seconds=max(2.0, timeout * 2),
+    )
+    return app
+
+
+def job(*targets: Target, collapse_key: str | None = None) -> dict[str, object]:
+    return push_job_body(
+        targets=list(targets),
+        title="Shipped",
+        body="Order 1042 is on its way",
+        data={"order": "1042"},
+        collapse_key=collapse_key,
+    )
+
+
+async def ledger(db: DbConnection) -> list[tuple[str, str, int]]:
+    rows = await db.fetch(
+        "SELECT token, status, sends FROM outbound_sends ORDER BY message_id, target_index"
+    )
+    return [(r["token"], r["status"], r["sends"]) for r in rows]
+
+
+async def all_settled(db: DbConnection, n: int) -> bool:
+    done = await db.fetchval(
+        "SELECT count(*) FROM outbound_sends WHERE status IN ('sent', 'failed')"
+    )
+    return bool(done >= n)
+
+
+async def test_redelivered_push_is_sent_once(
+    pruned: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+) -> None:
+    async with Worker(push_app(queue_name, fake_apns, fake_fcm), settings):
+        body = job(IOS, ANDROID)
+        await publisher.publish(queue_name, body, message_id="order-1042-shipped")
+        await publisher.publish(queue_name, body, message_id="order-1042-shipped")
+        await wait_for(lambda: all_settled(pruned, 2))
+        await publisher.publish(queue_name, body, message_id="order-1042-shipped")
+        await asyncio.sleep(1.0)
+    assert len(fake_apns.requests_for(IOS.token)) == 1
+    assert len(fake_fcm.requests_for(ANDROID.token)) == 1
+    rows = await pruned.fetch(
+        "SELECT status, provider_message_id, apns_id::text FROM outbound_sends"
+    )
+    assert {r["status"] for r in rows} == {"sent"}
+    ios_row = next(r for r in rows if r["apns_id"] == fake_apns.requests[0].apns_id)
+    assert ios_row["provider_message_id"] == fake_apns.requests[0].apns_id
+    fcm_row = next(r for r in rows if r is not ios_row)
+    assert fcm_row["provider_message_id"].startswith("projects/")
+
+
+async def test_ids_are_derived_from_the_dedupe_key_and_collapse_on_the_device(
+    pruned: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+) -> None:
+    async with Worker(push_app(queue_name, fake_apns, fake_fcm), settings):
+        await publisher.publish(queue_name, job(IOS, IOS_2, ANDROID), message_id="m-1")
+        await publisher.publish(queue_name, job(IOS, collapse_key="order-1042"), message_id="m-2")
+        await wait_for(lambda: all_settled(pruned, 4))
+    first, second = fake_apns.requests_for(IOS.token)
+    other = fake_apns.requests_for(IOS_2.token)[0]
+    assert first.apns_id != other.apns_id  # per target
+    assert first.collapse_id == other.collapse_id  # per job
+    assert second.collapse_id == "order-1042"  # the job's own key wins
+    android = fake_fcm.requests_for(ANDROID.token)[0].message
+    assert android["android"]["collapse_key"] == first.collapse_id
+    assert android["android"]["notification"]["tag"] == first.collapse_id
+
+
+async def test_fanout_job_retried_after_partial_send_sends_only_the_missing_target(
+    pruned: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+) -> None:
+    fake_apns.script(IOS_2.token, status=503, times=1)
+    async with Worker(push_app(queue_name, fake_apns, fake_fcm), settings):
+        await publisher.publish(queue_name, job(IOS, IOS_2, ANDROID), message_id="fan-out")
+        await wait_for(lambda: all_settled(pruned, 3), timeout=15)
+    assert len(fake_apns.requests_for(IOS.token)) == 1
+    assert [r.apns_id for r in fake_apns.requests_for(IOS_2.token)] == [
+        fake_apns.requests_for(IOS_2.token)[0].apns_id
+    ] * 2  # the 503, then the retry with the same apns-id
+    assert len(fake_fcm.requests_for(ANDROID.token)) == 1
+    assert await ledger(pruned) == [
+        (IOS.token, "sent", 1),
+        (IOS_2.token, "sent", 2),
+        (ANDROID.token, "sent", 1),
+    ]
+
+
+async def test_unregistered_token_runs_the_hook_once_and_is_not_retried(
+    pruned: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+    channel: aio_pika.abc.AbstractChannel,
+) -> None:
+    fake_apns.script(IOS.token, status=410)
+    fake_fcm.script(ANDROID.token, status=404)
+    async with Worker(push_app(queue_name, fake_apns, fake_fcm), settings):
+        await publisher.publish(queue_name, job(IOS, ANDROID), message_id="to-dead-devices")
+        await wait_for(lambda: all_settled(pruned, 2))
+        await publisher.publish(queue_name, job(IOS, ANDROID), message_id="to-dead-devices")
+        await asyncio.sleep(1.0)
+    assert len(fake_apns.requests_for(IOS.token)) == 1
+    assert len(fake_fcm.requests_for(ANDROID.token)) == 1
+    hooks = await pruned.fetch("SELECT token, reason FROM pruned_devices ORDER BY token")
+    assert [(r["token"], r["reason"]) for r in hooks] == [
+        (ANDROID.token, "UNREGISTERED"),
+        (IOS.token, "Unregistered"),
+    ]
+    assert {s for _, s, _ in await ledger(pruned)} == {"failed"}
+    assert await drain_dead_letters(channel, queue_name) == []
+
+
+async def test_429_with_retry_after_is_retried_no_sooner(
+    pruned: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+) -> None:
+    fake_apns.script(IOS.token, status=429, retry_after=1, times=1)
+    async with Worker(push_app(queue_name, fake_apns, fake_fcm), settings):
+        await publisher.publish(queue_name, job(IOS), message_id="throttled")
+        await wait_for(lambda: all_settled(pruned, 1), timeout=15)
+    first, second = fake_apns.requests_for(IOS.token)
+    assert second.received_at - first.received_at >= 1.0
+    assert first.apns_id == second.apns_id
+    assert await ledger(pruned) == [(IOS.token, "sent", 2)]
+
+
+async def test_5xx_is_retried_with_backoff_until_sent(
+    pruned: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+) -> None:
+    fake_fcm.script(ANDROID.token, status=503, times=2)
+    async with Worker(push_app(queue_name, fake_apns, fake_fcm), settings):
+        await publisher.publish(queue_name, job(ANDROID), message_id="flaky")
+        await wait_for(lambda: all_settled(pruned, 1), timeout=15)
+    times = [r.received_at for r in fake_fcm.requests_for(ANDROID.token)]
+    assert len(times) == 3
+    assert all(b - a >= 0.2 for a, b in itertools.pairwise(times))  # a tier between
+    assert await ledger(pruned) == [(ANDROID.token, "sent", 3)]
+
+
+@pytest.mark.parametrize("policy", [UnknownOutcome.RESEND, UnknownOutcome.SKIP])
+async def test_timeout_applies_the_unknown_outcome_policy(
+    policy: UnknownOutcome,
+    pruned: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+) -> None:
+    fake_apns.script(IOS.token, latency=3.0, times=1)  # answers after the 1 s timeout
+    app = push_app(queue_name, fake_apns, fake_fcm, timeout=1.0, unknown_outcome=policy)
+    async with Worker(app, settings):
+        await publisher.publish(queue_name, job(IOS), message_id="slow")
+        await wait_for(lambda: all_settled(pruned, 1), timeout=20)
+    requests = fake_apns.requests_for(IOS.token)
+    if policy is UnknownOutcome.RESEND:
+        assert len(requests) == 2
+        assert requests[0].apns_id == requests[1].apns_id
+        assert requests[0].collapse_id == requests[1].collapse_id
+        assert await ledger(pruned) == [(IOS.token, "sent", 2)]
+    else:
+        assert len(requests) == 1
+        assert await ledger(pruned) == [(IOS.token, "failed", 1)]
+
+
+async def test_invalid_push_job_is_dead_lettered_with_its_reason(
+    pruned: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+    channel: aio_pika.abc.AbstractChannel,
+) -> None:
+    async with Worker(push_app(queue_name, fake_apns, fake_fcm), settings):
+        await publisher.publish(queue_name, {"targets": []}, message_id="empty")
+        await wait_for(lambda: _dead_letters(channel, queue_name, 1))
+    dead = await drain_dead_letters(channel, queue_name)
+    assert dead[0].headers[REASON_HEADER] == "invalid_push_job"
+    assert "targets" in str(dead[0].headers["x-error"])
+    assert fake_apns.requests == []
+
+
+# --- real worker processes -------------------------------------------------
+
+
+@pytest.fixture
+def push_env(
+    worker_env: dict[str, str], fake_apns: FakeApns, fake_fcm: FakeFcm, tmp_path: Path
+) -> dict[str, str]:
+    key_file = tmp_path / "apns-key.p8"
+    key = fake_apns.settings().key
+    assert key is not None
+    key_file.write_text(key)
+    return {
+        **worker_env,
+        "TEST_APNS_PORT": str(fake_apns.port),
+        "TEST_APNS_CA_FILE": str(fake_apns.ca_file),
+        "TEST_APNS_KEY_FILE": str(key_file),
+        "TEST_FCM_BASE_URL": fake_fcm.base_url,
+        "TEST_FCM_SERVICE_ACCOUNT": str(fake_fcm.service_account_file),
+        "TEST_FCM_PROJECT": fake_fcm.project_id,
+    }
+
+
+@pytest.fixture
+def spawn_push(push_env: dict[str, str], tmp_path: Path) -> Iterator[type]:
+    started: list[WorkerProcess] = []
+
+    def start(extra: dict[str, str] | None = None) -> WorkerProcess:
+        worker = WorkerProcess(
+            "tests.apps.push_app:app",
+            push_env,
+            tmp_path / f"push-{len(started)}.log",
+            extra_env=extra,
+        )
+        started.append(worker)
+        return worker
+
+    yield start  # type: ignore[misc]
+    for worker in started:
+        worker.stop_now()
+
+
+async def test_worker_killed_after_provider_accepted_sends_at_most_once_more_with_same_ids(
+    pruned: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    spawn_push: type,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+) -> None:
+    first = spawn_push({"IW_CRASH_AT": "after_send", "TEST_LEASE_SECONDS": "1"})
+    await _wait_declared(queue_name)
+    await publisher.publish(queue_name, job(IOS, ANDROID), message_id="crash-in-send")
+    assert await first.wait(timeout=30) == -signal.SIGKILL
+    assert len(fake_apns.requests_for(IOS.token)) == 1  # accepted, not recorded
+    assert {s for _, s, _ in await ledger(pruned)} == {"sending"}
+
+    second = spawn_push({"TEST_LEASE_SECONDS": "1"})
+    await wait_for(lambda: all_settled(pruned, 2), timeout=30)
+    second.terminate()
+    assert await second.wait() == 0
+    ios = fake_apns.requests_for(IOS.token)
+    android = fake_fcm.requests_for(ANDROID.token)
+    assert len(ios) == 2 and len(android) == 2  # one crash in send: one extra each at most
+    assert ios[0].apns_id == ios[1].apns_id
+    assert ios[0].collapse_id == ios[1].collapse_id
+    fcm_messages = [r.message for r in android]
+    assert fcm_messages[0]["android"]["collapse_key"] == fcm_messages[1]["android"]["collapse_key"]
+    assert await ledger(pruned) == [(IOS.token, "sent", 2), (ANDROID.token, "sent", 2)]
+
+
+async def test_same_push_job_delivered_to_four_workers_sends_once_per_target(
+    pruned: DbConnection,
+    queue_name: str,
+    spawn_push: type,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+) -> None:
+    tokens = [f"ios-race-{n:04d}-xxxxxxxx" for n in range(40)]
+    for token in tokens:
+        fake_apns.script(token, latency=0.3)  # sends overlap the duplicates' arrival
+    workers = [spawn_push({"IW_PREFETCH": "8", "IW_MAX_BATCH": "4"}) for _ in range(4)]
+    await _wait_declared(queue_name)
+    await asyncio.sleep(1.0)
+
+    async def publish_all() -> None:
+        pub, connection = await Publisher.connect(AMQP_URL)
+        try:
+            for n, token in enumerate(tokens):
+                body = job(Target(platform=Platform.IOS, token=token))
+                await pub.publish(queue_name, body, message_id=f"race-{n}")
+        finally:
+            await connection.close()
+
+    await asyncio.gather(*(publish_all() for _ in range(4)))
+    await wait_for(lambda: all_settled(pruned, len(tokens)), timeout=60)
+    await settle(lambda: _request_count(fake_apns), quiet=1.5)
+    for worker in workers:
+        worker.terminate()
+    assert [await w.wait() for w in workers] == [0, 0, 0, 0]
+    assert all(len(fake_apns.requests_for(t)) == 1 for t in tokens), [
+        len(fake_apns.requests_for(t)) for t in tokens
+    ]
+    logs = "".join(w.log_text() for w in workers)
+    assert logs.count('"push_sent"') == len(tokens)
+    assert '"send_in_progress"' in logs  # duplicates did meet a live lease (the 409 path)
+    assert "batch_failed" not in logs
+
+
+async def _request_count(fake: FakeApns) -> int:
+    return len(fake.requests)
+
+
+async def _dead_letters(channel: aio_pika.abc.AbstractChannel, queue: str, n: int) -> bool:
+    declared = await channel.declare_queue(f"{queue}.dlq", passive=True)
+    return (declared.declaration_result.message_count or 0) >= n
+
+
+async def _wait_declared(queue: str) -> None:
+    async def declared() -> bool:
+        connection = await aio_pika.connect(AMQP_URL)
+        try:
+            channel = await connection.channel()
+            await channel.declare_queue(queue, passive=True)
+            return True
+        except aio_pika.exceptions.ChannelClosed:
+            return False
+        finally:
+            await connection.close()
+
+    await wait_for(declared, timeout=30)
