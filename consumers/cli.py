@@ -54,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("target", metavar="MODULE:APP")
     demo = sub.add_parser("demo", help="the end-to-end demo: crashes, duplicates, a report")
     demo.add_argument("--jobs", type=int, default=10_000)
+    demo.add_argument("--pushes", type=int, default=1_000)
     demo.add_argument("--workers", type=int, default=2)
     bench = sub.add_parser("bench", help="throughput and latency against a bare consumer")
     bench.add_argument("args", nargs=argparse.REMAINDER)
@@ -78,7 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from consumers.demo import run_demo
 
-            code: int = asyncio.run(run_demo(settings, jobs=args.jobs, workers=args.workers))
+            code: int = asyncio.run(
+                run_demo(settings, jobs=args.jobs, pushes=args.pushes, workers=args.workers)
+            )
             return code
         if args.command == "bench":
             from consumers.bench import main as bench_main

@@ -1,15 +1,25 @@
-"""The demo's worker: one order-shipped effect per job.
+"""The demo's workers: one order-shipped effect per job, and push notifications.
 
 `demo_effects` has no unique constraint on purpose, so the demo's report
 would show a doubled effect as two rows rather than hide it behind an error.
+The push queue sends to the local fake APNs and FCM servers the demo starts;
+where they listen comes in the worker's environment (DEMO_* variables), read
+when the worker builds its provider, not at import.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from consumers.app import App
 from consumers.context import Context
+from consumers.push import DeadToken
+from dedupe import DbConnection
+from providers import Provider
 
 QUEUE = "demo.orders.shipped"
+PUSH_QUEUE = "demo.notifications"
 
 app = App()
 
@@ -22,3 +32,44 @@ async def record_shipment(ctx: Context) -> None:
         ctx.message_id,
         ctx.body["order_id"],
     )
+
+
+async def fake_providers() -> Provider:
+    """APNs and FCM providers pointed at the demo's fakes."""
+    from providers import ApnsProvider, ApnsSettings, FcmProvider, FcmSettings, PlatformRouter
+
+    env = os.environ
+    key = Path(env["DEMO_APNS_KEY_FILE"]).read_text()  # noqa: ASYNC240 - once, at start
+    return PlatformRouter(
+        apns=ApnsProvider(
+            ApnsSettings(
+                topic="com.example.app",
+                key=key,
+                key_id="FAKEKEY123",
+                team_id="FAKETEAM12",
+                host="127.0.0.1",
+                port=int(env["DEMO_APNS_PORT"]),
+                ca_file=env["DEMO_APNS_CA_FILE"],
+                timeout_seconds=5.0,
+            )
+        ),
+        fcm=FcmProvider(
+            FcmSettings(
+                credentials=env["DEMO_FCM_SERVICE_ACCOUNT"],
+                project_id=env["DEMO_FCM_PROJECT"],
+                base_url=env["DEMO_FCM_BASE_URL"],
+                timeout_seconds=5.0,
+            )
+        ),
+    )
+
+
+async def prune_device(tx: DbConnection, dead: DeadToken) -> None:
+    """Runs once per dead token, in the transaction that records the failure."""
+    await tx.execute("DELETE FROM demo_devices WHERE token = $1", dead.token)
+    await tx.execute(
+        "INSERT INTO demo_pruned (token, reason) VALUES ($1, $2)", dead.token, dead.reason
+    )
+
+
+app.push_handler(PUSH_QUEUE, provider=fake_providers, on_invalid_token=prune_device)

@@ -23,7 +23,8 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 import asyncpg
 
-from consumers.demo.app import QUEUE, app
+from consumers.demo.app import PUSH_QUEUE, QUEUE, app
+from consumers.demo.pushes import DemoFakes, plan_pushes, push_report, settled_targets
 from consumers.envelope import REASON_HEADER
 from consumers.publisher import Publisher
 from consumers.retry import dead_letter_queue
@@ -112,6 +113,8 @@ async def _prepare_database(settings: Settings) -> str:
             " message_id text NOT NULL, order_id integer NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
+        await conn.execute("CREATE TABLE demo_devices (token text PRIMARY KEY)")
+        await conn.execute("CREATE TABLE demo_pruned (token text NOT NULL, reason text NOT NULL)")
     finally:
         await conn.close()
     return url
@@ -168,24 +171,31 @@ async def _read_dead_letters(url: str) -> Counter[tuple[str, str]]:
     return found
 
 
-async def run_demo(settings: Settings, *, jobs: int = 10_000, workers: int = 2) -> int:
+async def run_demo(
+    settings: Settings, *, jobs: int = 10_000, pushes: int = 1_000, workers: int = 2
+) -> int:
     started = time.monotonic()
     rng = random.Random(1042)
     planned = plan_jobs(jobs, rng)
+    push_plan = plan_pushes(pushes, rng)
     well_formed = [j for j in planned if j.kind != "malformed"]
     unique = {(j.tenant, j.message_id) for j in well_formed}
     expected_dead = sum(1 for j in planned if j.kind in ("reused", "malformed"))
     print(
         f"demo: {len(planned)} jobs planned: {len(unique)} distinct orders, "
-        f"{Counter(j.kind for j in planned)}"
+        f"{Counter(j.kind for j in planned)}; {len(push_plan.jobs)} push jobs for "
+        f"{push_plan.targets} devices ({len(push_plan.dead_tokens)} of them dead)"
     )
 
     db_url = await _prepare_database(settings)
     connection = await aio_pika.connect(settings.amqp.url)
     channel = await connection.channel()
-    await delete(channel, QUEUE, app.specs[QUEUE].retry)
-    await declare(channel, QUEUE, app.specs[QUEUE].retry, settings.amqp)
+    for queue in (QUEUE, PUSH_QUEUE):
+        await delete(channel, queue, app.specs[queue].retry)
+        await declare(channel, queue, app.specs[queue].retry, settings.amqp)
     await connection.close()
+    fakes = DemoFakes(push_plan)
+    await fakes.__aenter__()
 
     log_dir = Path(tempfile.mkdtemp(prefix="iw-demo-"))
     env = {
@@ -194,6 +204,7 @@ async def run_demo(settings: Settings, *, jobs: int = 10_000, workers: int = 2) 
         "DATABASE_URL": db_url,
         "DATABASE_SCHEMA": "public",
         "IW_SHUTDOWN_GRACE": "20",
+        **fakes.worker_env(),
     }
     pool = Workers(env, log_dir)
     procs = [pool.start() for _ in range(workers)]
@@ -210,7 +221,17 @@ async def run_demo(settings: Settings, *, jobs: int = 10_000, workers: int = 2) 
                         for job in planned[chunk : chunk + 200]
                     )
                 )
-            print(f"demo: published {len(planned)} jobs ({time.monotonic() - started:.1f} s)")
+            for chunk in range(0, len(push_plan.jobs), 200):
+                await asyncio.gather(
+                    *(
+                        publisher.publish(PUSH_QUEUE, body, message_id=message_id)
+                        for message_id, body in push_plan.jobs[chunk : chunk + 200]
+                    )
+                )
+            print(
+                f"demo: published {len(planned)} jobs and {len(push_plan.jobs)} push jobs "
+                f"({time.monotonic() - started:.1f} s)"
+            )
 
         publishing = asyncio.create_task(publish_all())
         killed = False
@@ -226,9 +247,11 @@ async def run_demo(settings: Settings, *, jobs: int = 10_000, workers: int = 2) 
                 )
                 procs[0] = pool.start()
                 killed = True
+            settled = await settled_targets(db)
             if time.monotonic() - last_print >= 1.0:
                 print(
-                    f"demo: progress {effects}/{len(unique)} effects "
+                    f"demo: progress {effects}/{len(unique)} effects, "
+                    f"{settled}/{push_plan.targets} pushes settled "
                     f"({time.monotonic() - started:.1f} s)",
                     flush=True,
                 )
@@ -236,6 +259,7 @@ async def run_demo(settings: Settings, *, jobs: int = 10_000, workers: int = 2) 
             if (
                 killed
                 and effects >= len(unique)
+                and settled >= push_plan.targets
                 and await _dead_letters_ready(settings.amqp.url) >= expected_dead
             ):
                 break
@@ -246,10 +270,12 @@ async def run_demo(settings: Settings, *, jobs: int = 10_000, workers: int = 2) 
         rows = await db.fetch(
             "SELECT tenant, message_id, count(*) AS c FROM demo_effects GROUP BY 1, 2"
         )
+        report = await push_report(db, fakes, push_plan)
     finally:
         pool.stop_all()
         await db.close()
         await pub_connection.close()
+        await fakes.__aexit__(None, None, None)
 
     dead = await _read_dead_letters(settings.amqp.url)
     effect_keys = {(r["tenant"], r["message_id"]) for r in rows}
@@ -272,6 +298,13 @@ async def run_demo(settings: Settings, *, jobs: int = 10_000, workers: int = 2) 
     print(f"{'duplicates ignored':<36}{duplicates_ignored:>10}")
     for reason, count in sorted(Counter(r for r, _ in dead_ids).items()):
         print(f"{'dead-lettered: ' + reason:<36}{count:>10}")
+    print(f"{'devices to push to':<36}{report.expected:>10}")
+    print(f"{'pushes sent (ledger)':<36}{report.sent:>10}")
+    print(f"{'pushes failed: dead token':<36}{report.failed:>10}")
+    print(f"{'devices pruned by the hook':<36}{report.pruned:>10}")
+    print(f"{'provider ids recorded':<36}{report.provider_ids_recorded:>10}")
+    print(f"{'extra pushes at the fakes':<36}{report.extra_pushes:>10}")
+    print(f"{'  of them with another collapse id':<36}{report.extra_with_other_collapse_id:>10}")
     print(f"{'workers SIGKILLed':<36}{pool.kills:>10}")
     print(f"{'lost':<36}{lost:>10}")
     print(f"{'doubled':<36}{doubled:>10}")
@@ -280,9 +313,12 @@ async def run_demo(settings: Settings, *, jobs: int = 10_000, workers: int = 2) 
     print(
         f"demo: published={len(planned)} unique={len(unique)} effects={effects} "
         f"duplicates_ignored={duplicates_ignored} reused={len(reused_ids)} "
-        f"dead_lettered={len(dead_ids)} lost={lost} doubled={doubled}"
+        f"dead_lettered={len(dead_ids)} lost={lost} doubled={doubled} "
+        f"pushes={report.sent} provider_ids_recorded={report.provider_ids_recorded} "
+        f"extra_pushes={report.extra_pushes}"
     )
-    return 0 if lost == 0 and doubled == 0 and effects == len(unique) else 1
+    ok = lost == 0 and doubled == 0 and effects == len(unique) and report.ok
+    return 0 if ok else 1
 
 
 def _message(job: Job) -> aio_pika.Message:
