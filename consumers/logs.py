@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 import structlog
 
 
-def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
-    """Set up structlog; `json=None` picks JSON when stderr is not a terminal."""
+def configure_logging(
+    level: str = "info", *, json: bool | None = None, file: TextIO | None = None
+) -> None:
+    """Set up structlog; `json=None` picks JSON when stderr is not a terminal.
+
+    Lines go to `file` (default: stderr).
+    """
     as_json = (not sys.stderr.isatty()) if json is None else json
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
@@ -25,6 +31,6 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=file or sys.stderr),
         cache_logger_on_first_use=True,
     )

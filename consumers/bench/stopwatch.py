@@ -1,0 +1,145 @@
+"""Delivery and ack times of every message, taken the same way for every variant.
+
+The stopwatch wraps two methods of aio-pika's `IncomingMessage` while a run
+lasts: its constructor (the moment aio-pika hands a delivery to a consumer,
+whatever consumer it is) and `ack()` (the moment the consumer acknowledges;
+`multiple=True` covers every earlier delivery of that channel). So the
+bare loops, FastStream and our worker are timed by one instrument, and
+none of them carries timing code of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from aio_pika.message import IncomingMessage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    """What one run measured."""
+
+    messages: int
+    seconds: float  # first delivery to last ack
+    p50_ms: float
+    p99_ms: float
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds if self.seconds > 0 else 0.0
+
+
+class _Channel:
+    """Deliveries of one channel not acked yet, in delivery-tag order."""
+
+    __slots__ = ("acked_alone", "pending")
+
+    def __init__(self) -> None:
+        self.pending: deque[tuple[int, float]] = deque()
+        self.acked_alone: set[int] = set()
+
+
+class Stopwatch:
+    """Counts acks up to `expected`; `done` is set by the last one."""
+
+    def __init__(self) -> None:
+        self.expected = 0
+        self.done = asyncio.Event()
+        self._channels: dict[int, _Channel] = {}
+        self._latencies: list[float] = []
+        self._first = 0.0
+        self._last = 0.0
+
+    def reset(self, expected: int) -> None:
+        self.expected = expected
+        self.done = asyncio.Event()
+        self._channels = {}
+        self._latencies = []
+        self._first = 0.0
+        self._last = 0.0
+
+    @property
+    def acked(self) -> int:
+        return len(self._latencies)
+
+    def timing(self) -> Timing:
+        latencies = sorted(self._latencies)
+        if not latencies:
+            return Timing(messages=0, seconds=0.0, p50_ms=0.0, p99_ms=0.0)
+        return Timing(
+            messages=len(latencies),
+            seconds=self._last - self._first,
+            p50_ms=statistics.median(latencies) * 1000,
+            p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+        )
+
+    def _delivered(self, channel: object, tag: int) -> None:
+        now = time.perf_counter()
+        if not self._first:
+            self._first = now
+        state = self._channels.get(id(channel))
+        if state is None:
+            state = self._channels[id(channel)] = _Channel()
+        state.pending.append((tag, now))
+
+    def _acked(self, channel: object, tag: int, multiple: bool) -> None:
+        now = time.perf_counter()
+        state = self._channels.get(id(channel))
+        if state is None:
+            return
+        latencies = self._latencies
+        if multiple:
+            pending = state.pending
+            alone = state.acked_alone
+            while pending and pending[0][0] <= tag:
+                done_tag, delivered = pending.popleft()
+                if done_tag in alone:
+                    alone.discard(done_tag)
+                else:
+                    latencies.append(now - delivered)
+        else:
+            # Rare in a run but for the per-message ackers: find it, mark it.
+            for done_tag, delivered in state.pending:
+                if done_tag == tag:
+                    latencies.append(now - delivered)
+                    state.acked_alone.add(tag)
+                    break
+            pending = state.pending
+            while pending and pending[0][0] in state.acked_alone:
+                state.acked_alone.discard(pending.popleft()[0])
+        self._last = now
+        if self.expected and len(latencies) >= self.expected:
+            self.done.set()
+
+    @contextmanager
+    def installed(self) -> Iterator[Stopwatch]:
+        """Wrap aio-pika's IncomingMessage for as long as the block runs."""
+        original_init: Callable[..., None] = IncomingMessage.__init__
+        original_ack: Callable[..., Any] = IncomingMessage.ack
+        watch = self
+
+        def init(message: IncomingMessage, *args: Any, **kwargs: Any) -> None:
+            original_init(message, *args, **kwargs)
+            if message.delivery_tag:
+                watch._delivered(args[0].channel, message.delivery_tag)
+
+        async def ack(message: IncomingMessage, multiple: bool = False) -> None:
+            channel = message.channel
+            await original_ack(message, multiple)
+            watch._acked(channel, message.delivery_tag or 0, multiple)
+
+        # A measuring instrument, installed for the bench process only.
+        IncomingMessage.__init__ = init  # type: ignore[method-assign, assignment]
+        IncomingMessage.ack = ack  # type: ignore[method-assign, assignment]
+        try:
+            yield self
+        finally:
+            IncomingMessage.__init__ = original_init  # type: ignore[method-assign]
+            IncomingMessage.ack = original_ack  # type: ignore[method-assign]
