@@ -151,7 +151,18 @@ async def _acknowledge(items: Sequence[Item], unsettled: set[int]) -> None:
             # than acking it past (a multiple ack would cover it otherwise).
             await _quietly(item.delivery.nack(requeue=True), item)
             continue
-        key = id(item.delivery.channel)
+        try:
+            key = id(item.delivery.channel)
+        except aio_pika.exceptions.ChannelInvalidStateError as exc:
+            # Delivered on a channel that has closed since (a reconnect): an
+            # ack cannot reach the broker, which redelivers the message.
+            log.warning(
+                "ack_failed",
+                message_id=item.delivery.message_id,
+                error=repr(exc),
+                outcome="left_to_redelivery",
+            )
+            continue
         tag = item.delivery.delivery_tag or 0
         best = highest.get(key)
         if best is None or tag > (best.delivery.delivery_tag or 0):

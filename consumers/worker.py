@@ -117,7 +117,11 @@ class Worker:
         self.pool = await create_pool(self.settings, min_size=min(needed, db.pool_size))
         async with self.pool.acquire() as conn:
             await check_schema(conn, db.schema)
-        self._connection = await aio_pika.connect_robust(amqp.url)
+        self._connection = await aio_pika.connect_robust(
+            amqp.url,
+            # Names the connection in `rabbitmqctl list_connections` and the UI.
+            client_properties={"connection_name": f"idempotent-workers {self.worker_id}"},
+        )
         confirm_channel = await self._connection.channel(publisher_confirms=True)
         dispatcher = Dispatcher(confirm_channel, log_effects=self.log_effects)
         inbox = Inbox(db.schema)
@@ -147,7 +151,9 @@ class Worker:
             await channel.set_qos(prefetch_count=ws.prefetch)
             if n == 0:
                 await declare(channel, spec.queue, spec.retry, self.settings.amqp)
-            queue = await channel.get_queue(spec.queue, ensure=False)
+            # Declared (passively) on the robust channel, not `get_queue(ensure=False)`:
+            # only queues the channel knows get their consumers back after a reconnect.
+            queue = await channel.declare_queue(spec.queue, passive=True)
             runner: Runner
             if spec.push is not None:
                 runner = PushRunner(

@@ -1,0 +1,112 @@
+"""The broker drops the worker's connection mid-batch: the ack fails, nothing crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+
+import pytest
+import structlog
+
+from consumers import App, Context, Publisher, Settings, Worker
+from consumers.retry import RetryPolicy
+from dedupe import DbConnection
+from tests.support import settle, wait_for
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl to close a connection"
+)
+
+
+def _close_connection(name: str) -> int:
+    """Close the broker connections whose client-given name is `name`; return how many."""
+    listed = subprocess.run(
+        ["rabbitmqctl", "list_connections", "pid", "client_properties", "-q", "--no-table-headers"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    closed = 0
+    for line in listed.stdout.splitlines():
+        pid, _, properties = line.partition("\t")
+        if f'{{"connection_name","{name}"}}' in properties:
+            subprocess.run(
+                ["rabbitmqctl", "close_connection", pid, "test: drop the worker"],
+                check=True,
+                capture_output=True,
+            )
+            closed += 1
+    return closed
+
+
+async def test_ack_on_a_channel_lost_after_commit_is_left_to_redelivery(
+    db: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    retry_policy: RetryPolicy,
+) -> None:
+    release = asyncio.Event()
+    runs: list[int] = []
+    app = App(retry=retry_policy)
+
+    @app.handler(queue_name)
+    async def slow(ctx: Context) -> None:
+        runs.append(ctx.attempt)
+        await ctx.tx.execute(
+            "INSERT INTO effects (consumer, tenant, message_id, body, worker_pid)"
+            " VALUES ('x', '', $1, '', 0)",
+            ctx.message_id,
+        )
+        if len(runs) == 1:
+            await release.wait()  # committed only after the connection is gone
+
+    with structlog.testing.capture_logs() as logs:
+        effects = await _drop_connection_mid_batch(
+            app, settings, publisher, queue_name, db, runs, release
+        )
+    events = [entry["event"] for entry in logs]
+    assert "ack_failed" in events  # the path under test was taken...
+    assert "batch_failed" not in events  # ...and handled where it belongs
+    assert events.count("effect_committed") == 1
+    assert events.count("duplicate_ignored") == 1  # the redelivery
+    assert effects == 1
+    assert runs == [1]
+
+
+async def _drop_connection_mid_batch(
+    app: App,
+    settings: Settings,
+    publisher: Publisher,
+    queue_name: str,
+    db: DbConnection,
+    runs: list[int],
+    release: asyncio.Event,
+) -> int:
+    async with Worker(app, settings) as worker:
+        await publisher.publish(queue_name, {"n": 1}, message_id="survives-a-reconnect")
+        await wait_for(lambda: _ran(runs))
+        name = f"idempotent-workers {worker.worker_id}"
+        closed = await asyncio.to_thread(_close_connection, name)
+        assert closed == 1
+        release.set()  # commit now; its ack goes to a dead channel
+
+        async def processed() -> bool:
+            return bool(await db.fetchval("SELECT count(*) FROM processed_messages") == 1)
+
+        await wait_for(processed, timeout=30)
+        # After the robust reconnect the broker redelivers; the claim makes it a duplicate.
+        await asyncio.sleep(3.0)
+        effects = await settle(lambda: _effects(db), quiet=1.0)
+    assert isinstance(effects, int)
+    return effects
+
+
+async def _ran(runs: list[int], n: int = 1) -> bool:
+    return len(runs) >= n
+
+
+async def _effects(db: DbConnection) -> int:
+    count: int = await db.fetchval("SELECT count(*) FROM effects")
+    return count
