@@ -67,6 +67,9 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.CannotConnectNowError,
     asyncpg.CrashShutdownError,
     asyncpg.TooManyConnectionsError,
+    # asyncpg's protocol lost track of a session the server terminated under
+    # it ("cannot switch to state ..."): the connection is as good as gone.
+    asyncpg.exceptions.InternalClientError,
 )
 
 

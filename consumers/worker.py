@@ -114,7 +114,11 @@ class Worker:
         amqp = self.settings.amqp
         ws = self.settings.worker
         needed = ws.concurrency * len(self.app.specs)  # one connection per batch in flight
-        self.pool = await create_pool(self.settings, min_size=min(needed, db.pool_size))
+        self.pool = await create_pool(
+            self.settings,
+            min_size=min(needed, db.pool_size),
+            name=f"idempotent-workers {self.worker_id}",
+        )
         async with self.pool.acquire() as conn:
             await check_schema(conn, db.schema)
         self._connection = await aio_pika.connect_robust(
@@ -153,7 +157,7 @@ class Worker:
                 await declare(channel, spec.queue, spec.retry, self.settings.amqp)
             # Declared (passively) on the robust channel, not `get_queue(ensure=False)`:
             # only queues the channel knows get their consumers back after a reconnect.
-            queue = await channel.declare_queue(spec.queue, passive=True)
+            queue = await channel.get_queue(spec.queue, ensure=False)
             runner: Runner
             if spec.push is not None:
                 runner = PushRunner(
@@ -217,14 +221,23 @@ class Worker:
         await self.stop()
 
 
-async def create_pool(settings: Settings, *, min_size: int = 1) -> asyncpg.Pool:
-    """An asyncpg pool whose search_path starts with the configured schema."""
+async def create_pool(
+    settings: Settings, *, min_size: int = 1, name: str = "idempotent-workers"
+) -> asyncpg.Pool:
+    """An asyncpg pool whose search_path starts with the configured schema.
+
+    `name` becomes the sessions' application_name, so `pg_stat_activity`
+    shows which worker holds which connection.
+    """
     db = settings.database
     pool = await asyncpg.create_pool(
         db.url,
         min_size=min_size,
         max_size=max(db.pool_size, min_size),
-        server_settings={"search_path": f"{quote_ident(db.schema)}, public"},
+        server_settings={
+            "search_path": f"{quote_ident(db.schema)}, public",
+            "application_name": name[:63],
+        },
     )
     assert pool is not None
     return pool
