@@ -157,7 +157,7 @@ class Worker:
                 await declare(channel, spec.queue, spec.retry, self.settings.amqp)
             # Declared (passively) on the robust channel, not `get_queue(ensure=False)`:
             # only queues the channel knows get their consumers back after a reconnect.
-            queue = await channel.get_queue(spec.queue, ensure=False)
+            queue = await channel.declare_queue(spec.queue, passive=True)
             runner: Runner
             if spec.push is not None:
                 runner = PushRunner(
