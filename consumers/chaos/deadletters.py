@@ -1,0 +1,119 @@
+"""Watch the dead-letter queues during the run: what arrived, why, and when.
+
+The watcher takes dead letters off `<queue>.dlq` as they come (acking after
+it has recorded them), so the time a poison message took to be dead-lettered
+is measured, not guessed. It reconnects across broker restarts; a dead letter
+it saw twice (a worker killed between its dead-letter publish and its ack
+publishes it again) is recorded once, with its copies counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aio_pika
+import structlog
+
+from consumers.envelope import ATTEMPT_HEADER, REASON_HEADER
+from consumers.retry import dead_letter_queue
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetter:
+    queue: str
+    message_id: str
+    reason: str
+    attempt: int
+    seen_at: float  # monotonic, when the watcher first took it
+
+
+def _reason(message: aio_pika.abc.AbstractIncomingMessage) -> str:
+    headers = message.headers or {}
+    reason = headers.get(REASON_HEADER)
+    if reason:
+        return reason.decode() if isinstance(reason, bytes) else str(reason)
+    deaths = headers.get("x-death")
+    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
+        why = deaths[0].get("reason", "unknown")  # e.g. delivery_limit
+        return f"broker:{why.decode() if isinstance(why, bytes) else why!s}"
+    return "none"
+
+
+def _attempt(message: aio_pika.abc.AbstractIncomingMessage) -> int:
+    raw = (message.headers or {}).get(ATTEMPT_HEADER, 1)
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else 1
+
+
+class DeadLetterWatcher:
+    def __init__(self, url: str, queues: Sequence[str]) -> None:
+        self.url = url
+        self.queues = list(queues)
+        self.seen: dict[tuple[str, str], DeadLetter] = {}
+        self.copies = 0  # dead letters seen more than once
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="dead-letter-watcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def drain(self) -> None:
+        """Take whatever is left (the broker must be up)."""
+        connection = await aio_pika.connect(self.url, timeout=10)
+        try:
+            channel = await connection.channel()
+            while await self._take_all(channel):
+                pass
+        finally:
+            await connection.close()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                connection = await aio_pika.connect(self.url, timeout=5)
+            except Exception:
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                channel = await connection.channel()
+                while True:
+                    if not await self._take_all(channel):
+                        await asyncio.sleep(0.1)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("dead_letter_watcher_reconnecting", error=repr(exc))
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(connection.close(), 2)
+
+    async def _take_all(self, channel: aio_pika.abc.AbstractChannel) -> int:
+        taken = 0
+        for queue_name in self.queues:
+            queue = await channel.get_queue(dead_letter_queue(queue_name), ensure=False)
+            while (message := await queue.get(no_ack=False, fail=False, timeout=5)) is not None:
+                key = (queue_name, message.message_id or "")
+                if key in self.seen:
+                    self.copies += 1
+                else:
+                    self.seen[key] = DeadLetter(
+                        queue=queue_name,
+                        message_id=message.message_id or "",
+                        reason=_reason(message),
+                        attempt=_attempt(message),
+                        seen_at=time.monotonic(),
+                    )
+                await message.ack()
+                taken += 1
+        return taken

@@ -1,0 +1,158 @@
+"""The fault schedule: which faults, when, and what each one did.
+
+A profile says how many faults of each kind; `timeline()` spreads them at
+random over the load phase, and `Injector.run()` fires them on time. Service
+restarts take turns (one lock), everything else may overlap. Kills at the
+crash points are not on the timeline: worker starts are armed from a quota
+(see `fleet.py`), and those kills happen when the worker reaches the point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import structlog
+
+from consumers.chaos.fleet import Fleet
+from consumers.chaos.proxy import FaultProxy
+from consumers.chaos.services import PrivatePostgres, PrivateRabbit
+
+log = structlog.get_logger(__name__)
+
+
+class FaultKind(StrEnum):
+    SIGKILL = "sigkill"  # a random worker, SIGKILL
+    CRASH_BEFORE_COMMIT = "crash_before_commit"  # the worker kills itself there
+    CRASH_AFTER_COMMIT = "crash_after_commit"
+    SIGTERM = "sigterm"  # rolling: every worker in turn (counted per worker)
+    RABBITMQ_RESTART = "rabbitmq_restart"  # clean stop, start
+    RABBITMQ_KILL = "rabbitmq_kill"  # SIGKILL of the Erlang VM, start
+    POSTGRES_RESTART = "postgres_restart"  # immediate mode (SIGQUIT), start
+    AMQP_RESET = "amqp_reset"  # RST of every worker connection to RabbitMQ
+    PG_RESET = "pg_reset"  # RST of every worker connection to PostgreSQL
+    AMQP_HOLD = "amqp_hold"  # half-open for a few seconds, then RST
+    PG_HOLD = "pg_hold"
+    PG_LATENCY = "pg_latency"  # 20-100 ms on every chunk for a few seconds
+    AMQP_LATENCY = "amqp_latency"
+    COMMIT_CUT = "commit_cut"  # a COMMIT forwarded, its reply never delivered
+
+
+SCHEDULED = tuple(
+    k for k in FaultKind if k not in (FaultKind.CRASH_BEFORE_COMMIT, FaultKind.CRASH_AFTER_COMMIT)
+)
+RESTARTS = (FaultKind.RABBITMQ_RESTART, FaultKind.RABBITMQ_KILL, FaultKind.POSTGRES_RESTART)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    at: float  # seconds after the load phase began
+    kind: FaultKind
+
+
+def timeline(counts: Mapping[FaultKind, int], seconds: float, rng: random.Random) -> list[Event]:
+    """The scheduled faults, spread uniformly over the middle of `seconds`."""
+    events = [
+        Event(at=rng.uniform(0.03, 0.9) * seconds, kind=kind)
+        for kind, n in counts.items()
+        if kind in SCHEDULED
+        for _ in range(n)
+    ]
+    return sorted(events, key=lambda e: e.at)
+
+
+@dataclass(slots=True, kw_only=True)
+class FaultLog:
+    injected: Counter[FaultKind] = field(default_factory=Counter)
+    affected: Counter[FaultKind] = field(default_factory=Counter)  # connections or workers hit
+    downtime: dict[FaultKind, float] = field(default_factory=dict)  # seconds, for restarts
+    fired_at: list[tuple[float, FaultKind]] = field(default_factory=list)  # wall clock
+
+
+class Injector:
+    def __init__(
+        self,
+        *,
+        fleet: Fleet,
+        rabbit: PrivateRabbit,
+        postgres: PrivatePostgres,
+        amqp_proxy: FaultProxy,
+        pg_proxy: FaultProxy,
+        rng: random.Random,
+    ) -> None:
+        self.fleet = fleet
+        self.rabbit = rabbit
+        self.postgres = postgres
+        self.amqp_proxy = amqp_proxy
+        self.pg_proxy = pg_proxy
+        self.rng = rng
+        self.log = FaultLog()
+        self._restart_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self, events: list[Event]) -> None:
+        """Fire `events` on time, then wait for the ones still running."""
+        started = time.monotonic()
+        for event in events:
+            if (wait := started + event.at - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
+            task = asyncio.create_task(self._fire(event.kind), name=f"fault:{event.kind}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks))
+
+    async def _fire(self, kind: FaultKind) -> None:
+        self.log.fired_at.append((time.time(), kind))
+        hit = 1
+        if kind is FaultKind.SIGKILL:
+            hit = int(self.fleet.sigkill())
+        elif kind is FaultKind.SIGTERM:
+            hit = await self.fleet.rolling_sigterm()
+        elif kind in RESTARTS:
+            async with self._restart_lock:
+                began = time.monotonic()
+                if kind is FaultKind.POSTGRES_RESTART:
+                    await self.postgres.restart(crash=True)
+                else:
+                    await self.rabbit.restart(crash=kind is FaultKind.RABBITMQ_KILL)
+                self.log.downtime[kind] = (
+                    self.log.downtime.get(kind, 0.0) + time.monotonic() - began
+                )
+        elif kind is FaultKind.AMQP_RESET:
+            hit = self.amqp_proxy.reset()
+        elif kind is FaultKind.PG_RESET:
+            hit = self.pg_proxy.reset()
+        elif kind in (FaultKind.AMQP_HOLD, FaultKind.PG_HOLD):
+            proxy = self.amqp_proxy if kind is FaultKind.AMQP_HOLD else self.pg_proxy
+            hit = proxy.connections
+            await proxy.hold(self.rng.uniform(2.0, 8.0))
+        elif kind in (FaultKind.AMQP_LATENCY, FaultKind.PG_LATENCY):
+            proxy = self.amqp_proxy if kind is FaultKind.AMQP_LATENCY else self.pg_proxy
+            hit = proxy.connections
+            await proxy.delay(self.rng.uniform(0.02, 0.1), self.rng.uniform(2.0, 6.0))
+        elif kind is FaultKind.COMMIT_CUT:
+            self.pg_proxy.arm_commit_cut()  # counted when it fires: see `record_cuts`
+            hit = 0
+        if kind is not FaultKind.SIGTERM:
+            self.log.injected[kind] += 1 if kind is not FaultKind.COMMIT_CUT else 0
+        else:
+            self.log.injected[kind] += hit
+        self.log.affected[kind] += hit
+        log.info("fault_injected", kind=str(kind), affected=hit)
+
+    def record_cuts(self) -> None:
+        """Commit cuts count once they happened, not when they were armed."""
+        self.log.injected[FaultKind.COMMIT_CUT] = self.pg_proxy.cuts_done
+        self.log.affected[FaultKind.COMMIT_CUT] = self.pg_proxy.cuts_done
+
+    def record_crashes(self) -> None:
+        for point, n in self.fleet.counts.crashed_at.items():
+            kind = FaultKind(f"crash_{point}")
+            self.log.injected[kind] = n
+            self.log.affected[kind] = n

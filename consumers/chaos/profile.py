@@ -1,0 +1,84 @@
+"""How much load and how many faults: the CI profile and the full one.
+
+Counts are per fault kind. For `sigterm` the count is rolling rounds (every
+worker SIGTERMed in turn, so `workers` SIGTERMs a round); the two crash
+points are a quota of kills drawn by worker starts, not timeline events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from consumers.chaos.faults import FaultKind
+
+K = FaultKind
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile:
+    name: str
+    messages: int  # publishes in all, duplicates, poison and malformed included
+    poison: int
+    malformed: int
+    workers: int
+    load_seconds: float  # publishing is spread over this, and the faults with it
+    faults: Mapping[FaultKind, int]
+    max_crash_after: int  # an armed worker crashes after 0..this many batches
+    drain_seconds: float = 180.0  # after the load: at most this long to settle
+
+
+CI = Profile(
+    name="ci",
+    messages=3_000,
+    poison=60,
+    malformed=30,
+    workers=3,
+    load_seconds=150.0,
+    max_crash_after=25,
+    faults={
+        K.SIGKILL: 12,
+        K.CRASH_BEFORE_COMMIT: 12,
+        K.CRASH_AFTER_COMMIT: 12,
+        K.SIGTERM: 4,
+        K.RABBITMQ_RESTART: 3,
+        K.RABBITMQ_KILL: 3,
+        K.POSTGRES_RESTART: 12,
+        K.AMQP_RESET: 12,
+        K.PG_RESET: 12,
+        K.AMQP_HOLD: 6,
+        K.PG_HOLD: 6,
+        K.AMQP_LATENCY: 6,
+        K.PG_LATENCY: 6,
+        K.COMMIT_CUT: 12,
+    },
+)
+
+FULL = Profile(
+    name="full",
+    messages=100_000,
+    poison=1_000,
+    malformed=1_000,
+    workers=3,
+    load_seconds=900.0,
+    max_crash_after=60,
+    drain_seconds=300.0,
+    faults={
+        K.SIGKILL: 60,
+        K.CRASH_BEFORE_COMMIT: 12,
+        K.CRASH_AFTER_COMMIT: 12,
+        K.SIGTERM: 34,
+        K.RABBITMQ_RESTART: 6,
+        K.RABBITMQ_KILL: 6,
+        K.POSTGRES_RESTART: 12,
+        K.AMQP_RESET: 30,
+        K.PG_RESET: 30,
+        K.AMQP_HOLD: 10,
+        K.PG_HOLD: 10,
+        K.AMQP_LATENCY: 10,
+        K.PG_LATENCY: 10,
+        K.COMMIT_CUT: 30,
+    },
+)
+
+PROFILES = {p.name: p for p in (CI, FULL)}

@@ -1,0 +1,72 @@
+"""The chaos run's output: one summary line, then a table by fault kind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from consumers.chaos.checker import POISON_DEADLINE_S, Findings
+from consumers.chaos.faults import RESTARTS, FaultKind, FaultLog
+from consumers.chaos.fleet import FleetCounts
+
+_KILLS = (FaultKind.SIGKILL, FaultKind.CRASH_BEFORE_COMMIT, FaultKind.CRASH_AFTER_COMMIT)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PushFigures:
+    """Phase 2 (push jobs); zero until the push workload runs."""
+
+    pushes: int = 0
+    extra_pushes: int = 0
+    crashes_in_send: int = 0
+
+
+def summary_line(findings: Findings, faults: FaultLog, push: PushFigures) -> str:
+    kills = sum(faults.injected[k] for k in _KILLS)
+    restarts = sum(faults.injected[k] for k in RESTARTS)
+    return (
+        f"chaos: messages={findings.messages} faults={sum(faults.injected.values())}"
+        f" kills={kills} restarts={restarts} lost={findings.lost}"
+        f" doubled={findings.doubled} stuck={findings.stuck} pushes={push.pushes}"
+        f" extra_pushes={push.extra_pushes} crashes_in_send={push.crashes_in_send}"
+        f" dead_lettered={findings.dead_lettered} max_attempts={findings.max_attempts}"
+    )
+
+
+def fault_table(faults: FaultLog) -> list[str]:
+    lines = [f"{'fault':<22}{'injected':>10}{'hit':>8}{'down s':>9}"]
+    for kind in FaultKind:
+        down = faults.downtime.get(kind, 0.0)
+        lines.append(
+            f"{kind:<22}{faults.injected[kind]:>10}{faults.affected[kind]:>8}"
+            f"{(f'{down:.1f}' if down else '-'):>9}"
+        )
+    lines.append("hit: workers killed or stopped, connections reset or held; down: restart time")
+    return lines
+
+
+def details(findings: Findings, fleet: FleetCounts, published: int, republished: int) -> list[str]:
+    rows = [
+        ("publishes confirmed", published),
+        ("publishes retried (same message_id)", republished),
+        ("distinct local jobs", findings.unique_local),
+        ("effect rows", findings.effects),
+        ("unexpected effect keys", findings.unexpected),
+        ("local jobs dead-lettered", findings.local_dead_lettered),
+        ("poison dead-lettered", f"{findings.poison_dead_lettered}/{findings.poison}"),
+        (
+            f"poison slowest s (limit {POISON_DEADLINE_S:.0f})",
+            f"{findings.poison_slowest_s:.1f}",
+        ),
+        ("malformed dead-lettered", f"{findings.malformed_dead_lettered}/{findings.malformed}"),
+        ("dead-letter copies (seen twice)", findings.dead_letter_copies),
+        ("worker starts", fleet.starts),
+        ("worker start failures (service down)", fleet.start_failures),
+        ("SIGTERMs not exiting 0", fleet.unclean_terms),
+    ]
+    rows += [(f"dead-lettered: {reason}", n) for reason, n in sorted(findings.reasons.items())]
+    lines = [f"{name:<40}{value!s:>12}" for name, value in rows]
+    if findings.lost_sample:
+        lines.append(f"lost (sample): {', '.join(findings.lost_sample)}")
+    if findings.doubled_sample:
+        lines.append(f"doubled (sample): {', '.join(findings.doubled_sample)}")
+    return lines
