@@ -1,4 +1,4 @@
-"""`idempotent-workers` (also `python -m consumers`): migrate, run, demo, dlq, bench.
+"""`idempotent-workers` (also `python -m consumers`): migrate, run, demo, cleanup, dlq, bench.
 
 Configuration comes from the environment, read here and nowhere else:
 AMQP_URL, DATABASE_URL, DATABASE_SCHEMA and the IW_* knobs of `Settings.from_env`.
@@ -11,6 +11,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 
 import asyncpg
 import structlog
@@ -19,7 +20,7 @@ from consumers.app import load_app
 from consumers.logs import configure_logging
 from consumers.settings import Settings
 from consumers.worker import Worker
-from dedupe import DedupeError, migrate
+from dedupe import DedupeError, Retention, cleanup, migrate
 
 log = structlog.get_logger(__name__)
 
@@ -31,6 +32,29 @@ async def _migrate(settings: Settings) -> int:
     finally:
         await conn.close()
     print(f"migrate: schema={settings.database.schema} applied={applied or 'none (up to date)'}")
+    return 0
+
+
+async def _cleanup(settings: Settings, keep_days: float, batch_size: int) -> int:
+    retention = Retention(keep=timedelta(days=keep_days), batch_size=batch_size)
+    conn = await asyncpg.connect(settings.database.url)
+    try:
+        result = await cleanup(
+            conn,
+            settings.database.schema,
+            retention,
+            progress=lambda r: print(
+                f"cleanup: deleted so far: outbound_sends={r.outbound_sends} "
+                f"processed_messages={r.processed_messages}",
+                flush=True,
+            ),
+        )
+    finally:
+        await conn.close()
+    print(
+        f"cleanup: schema={settings.database.schema} older_than={keep_days}d "
+        f"processed_messages={result.processed_messages} outbound_sends={result.outbound_sends}"
+    )
     return 0
 
 
@@ -56,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--jobs", type=int, default=10_000)
     demo.add_argument("--pushes", type=int, default=1_000)
     demo.add_argument("--workers", type=int, default=2)
+    clean = sub.add_parser("cleanup", help="delete dedupe rows past retention, in batches")
+    clean.add_argument("--keep-days", type=float, default=7.0)
+    clean.add_argument("--batch-size", type=int, default=5_000)
     bench = sub.add_parser("bench", help="throughput and latency against a bare consumer")
     bench.add_argument("args", nargs=argparse.REMAINDER)
     chaos = sub.add_parser("chaos", help="faults on a schedule, then count lost and doubled")
@@ -74,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "migrate":
             return asyncio.run(_migrate(settings))
+        if args.command == "cleanup":
+            return asyncio.run(_cleanup(settings, args.keep_days, args.batch_size))
         if args.command == "run":
             return asyncio.run(_run(args.target, settings))
         if args.command == "demo":

@@ -14,15 +14,18 @@ from dedupe.ledger import (
     UnknownOutcome,
 )
 from dedupe.migrate import available_migrations, check_schema, migrate, quote_ident
+from dedupe.retention import CleanupResult, Retention, cleanup
 
 __all__ = [
     "Claim",
     "ClaimOutcome",
+    "CleanupResult",
     "DbConnection",
     "DedupeError",
     "DedupeKey",
     "Inbox",
     "MigrationError",
+    "Retention",
     "SchemaMissing",
     "SendIntent",
     "SendLedger",
@@ -34,6 +37,7 @@ __all__ = [
     "available_migrations",
     "canonical_json",
     "check_schema",
+    "cleanup",
     "fingerprint",
     "migrate",
     "quote_ident",
