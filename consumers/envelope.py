@@ -9,12 +9,14 @@ reason string; bad input is dead-lettered at once, never retried.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import aio_pika
+import orjson
 
 from dedupe import DedupeKey, fingerprint
 
@@ -56,6 +58,26 @@ class Envelope:
         return self.key.tenant
 
 
+# A number token of 19 digits or more: orjson reads ints past 64 bits as floats.
+_LONG_NUMBER = re.compile(rb"(?:^|[\[:,])\s*-?\d{19}")
+
+
+def loads_json(raw: bytes) -> Any:
+    """`json.loads(raw)`, through orjson when that gives the same value (~3x faster).
+
+    orjson refuses what the standard library is lenient about (NaN, 1e400,
+    lone surrogates, UTF-16) and reads ints past 64 bits as floats (which would
+    change the fingerprint): those bodies go to the standard library, which
+    has the last word, so what is valid JSON, and its value, do not change.
+    """
+    if _LONG_NUMBER.search(raw) is None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
+
+
 def attempt_of(message: aio_pika.abc.AbstractIncomingMessage) -> int:
     raw = (message.headers or {}).get(ATTEMPT_HEADER, 1)
     return max(raw, 1) if isinstance(raw, int) and not isinstance(raw, bool) else 1
@@ -85,7 +107,7 @@ def decode(
     if not isinstance(tenant, str) or len(tenant.encode()) > MAX_MESSAGE_ID_BYTES:
         return BadInput.BAD_TENANT
     try:
-        body = json.loads(message.body)
+        body = loads_json(message.body)
     except (ValueError, UnicodeDecodeError):
         return BadInput.INVALID_JSON
     if not isinstance(body, dict):
