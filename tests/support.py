@@ -95,6 +95,23 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")
 
 
+async def wait_declared(url: str, queue: str) -> None:
+    """Wait until a worker process has declared `queue` (its topology is up)."""
+
+    async def declared() -> bool:
+        connection = await aio_pika.connect(url)
+        try:
+            channel = await connection.channel()
+            await channel.declare_queue(queue, passive=True)
+            return True
+        except aio_pika.exceptions.ChannelClosed:
+            return False
+        finally:
+            await connection.close()
+
+    await wait_for(declared, timeout=30)
+
+
 async def drain_dead_letters(
     channel: aio_pika.abc.AbstractChannel, queue: str
 ) -> list[aio_pika.abc.AbstractIncomingMessage]:

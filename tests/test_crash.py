@@ -15,7 +15,7 @@ import asyncpg
 from consumers import Publisher
 from dedupe import DbConnection, available_migrations, quote_ident
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
-from tests.support import ROOT, drain_dead_letters, settle, wait_for
+from tests.support import ROOT, drain_dead_letters, settle, wait_declared, wait_for
 
 
 async def _count(db: DbConnection, sql: str) -> int:
@@ -25,21 +25,6 @@ async def _count(db: DbConnection, sql: str) -> int:
 
 async def _effects(db: DbConnection) -> int:
     return await _count(db, "SELECT count(*) FROM effects")
-
-
-async def _wait_declared(connection_url: str, queue: str) -> None:
-    async def declared() -> bool:
-        connection = await aio_pika.connect(connection_url)
-        try:
-            channel = await connection.channel()
-            await channel.declare_queue(queue, passive=True)
-            return True
-        except aio_pika.exceptions.ChannelClosed:
-            return False
-        finally:
-            await connection.close()
-
-    await wait_for(declared, timeout=30)
 
 
 async def test_worker_killed_inside_handler_before_commit_applies_effect_once(
@@ -52,7 +37,7 @@ async def test_worker_killed_inside_handler_before_commit_applies_effect_once(
 ) -> None:
     marker = tmp_path / "in-handler"
     first = spawn({"TEST_HOLD_MARKER": str(marker)})
-    await _wait_declared(AMQP_URL, queue_name)
+    await wait_declared(AMQP_URL, queue_name)
     await publisher.publish(queue_name, {"n": 1, "hold_s": 60}, message_id="held")
 
     async def holding() -> bool:
@@ -81,7 +66,7 @@ async def test_worker_killed_after_commit_before_ack_applies_effect_once(
     channel: aio_pika.abc.AbstractChannel,
 ) -> None:
     first = spawn({"IW_CRASH_AT": "after_commit"})
-    await _wait_declared(AMQP_URL, queue_name)
+    await wait_declared(AMQP_URL, queue_name)
     for n in range(50):
         await publisher.publish(queue_name, {"n": n}, message_id=f"order-{n}")
     assert await first.wait(timeout=30) == -signal.SIGKILL  # crashed after its first commit
@@ -113,7 +98,7 @@ async def test_message_published_concurrently_to_four_competing_workers_applies_
     channel: aio_pika.abc.AbstractChannel,
 ) -> None:
     workers = [spawn({"IW_PREFETCH": "10", "IW_MAX_BATCH": "5"}) for _ in range(4)]
-    await _wait_declared(AMQP_URL, queue_name)
+    await wait_declared(AMQP_URL, queue_name)
     await asyncio.sleep(1.0)  # let all four register as consumers
 
     async def publish_copies(copy: int) -> None:
@@ -154,7 +139,7 @@ async def test_sigterm_under_load_loses_nothing_and_doubles_nothing(
     total = 3000
     first = spawn({"IW_MAX_BATCH": "50", "IW_PREFETCH": "200"})
     other = spawn({"IW_MAX_BATCH": "50", "IW_PREFETCH": "200"})
-    await _wait_declared(AMQP_URL, queue_name)
+    await wait_declared(AMQP_URL, queue_name)
     await asyncio.gather(
         *(publisher.publish(queue_name, {"n": n}, message_id=f"load-{n}") for n in range(total))
     )

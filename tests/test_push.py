@@ -26,8 +26,8 @@ from providers import ApnsProvider, FcmProvider, Platform, PlatformRouter, Provi
 from providers.fakes.apns import FakeApns
 from providers.fakes.fcm import FakeFcm
 from tests.apps.push_app import FAST_RETRY
-from tests.conftest import AMQP_URL
-from tests.support import WorkerProcess, drain_dead_letters, settle, wait_for
+from tests.conftest import AMQP_URL, Spawn
+from tests.support import WorkerProcess, drain_dead_letters, settle, wait_declared, wait_for
 
 IOS = Target(platform=Platform.IOS, token="ios-token-aaaaaaaaaaaa")
 IOS_2 = Target(platform=Platform.IOS, token="ios-token-bbbbbbbbbbbb")
@@ -315,7 +315,7 @@ def push_env(
 
 
 @pytest.fixture
-def spawn_push(push_env: dict[str, str], tmp_path: Path) -> Iterator[type]:
+def spawn_push(push_env: dict[str, str], tmp_path: Path) -> Iterator[Spawn]:
     started: list[WorkerProcess] = []
 
     def start(extra: dict[str, str] | None = None) -> WorkerProcess:
@@ -328,7 +328,7 @@ def spawn_push(push_env: dict[str, str], tmp_path: Path) -> Iterator[type]:
         started.append(worker)
         return worker
 
-    yield start  # type: ignore[misc]
+    yield start
     for worker in started:
         worker.stop_now()
 
@@ -337,12 +337,12 @@ async def test_worker_killed_after_provider_accepted_sends_at_most_once_more_wit
     pruned: DbConnection,
     queue_name: str,
     publisher: Publisher,
-    spawn_push: type,
+    spawn_push: Spawn,
     fake_apns: FakeApns,
     fake_fcm: FakeFcm,
 ) -> None:
     first = spawn_push({"IW_CRASH_AT": "after_send", "TEST_LEASE_SECONDS": "1"})
-    await _wait_declared(queue_name)
+    await wait_declared(AMQP_URL, queue_name)
     await publisher.publish(queue_name, job(IOS, ANDROID), message_id="crash-in-send")
     assert await first.wait(timeout=30) == -signal.SIGKILL
     assert len(fake_apns.requests_for(IOS.token)) == 1  # accepted, not recorded
@@ -365,7 +365,7 @@ async def test_worker_killed_after_provider_accepted_sends_at_most_once_more_wit
 async def test_same_push_job_delivered_to_four_workers_sends_once_per_target(
     pruned: DbConnection,
     queue_name: str,
-    spawn_push: type,
+    spawn_push: Spawn,
     fake_apns: FakeApns,
     fake_fcm: FakeFcm,
 ) -> None:
@@ -373,7 +373,7 @@ async def test_same_push_job_delivered_to_four_workers_sends_once_per_target(
     for token in tokens:
         fake_apns.script(token, latency=0.3)  # sends overlap the duplicates' arrival
     workers = [spawn_push({"IW_PREFETCH": "8", "IW_MAX_BATCH": "4"}) for _ in range(4)]
-    await _wait_declared(queue_name)
+    await wait_declared(AMQP_URL, queue_name)
     await asyncio.sleep(1.0)
 
     async def publish_all() -> None:
@@ -407,18 +407,3 @@ async def _request_count(fake: FakeApns) -> int:
 async def _dead_letters(channel: aio_pika.abc.AbstractChannel, queue: str, n: int) -> bool:
     declared = await channel.declare_queue(f"{queue}.dlq", passive=True)
     return (declared.declaration_result.message_count or 0) >= n
-
-
-async def _wait_declared(queue: str) -> None:
-    async def declared() -> bool:
-        connection = await aio_pika.connect(AMQP_URL)
-        try:
-            channel = await connection.channel()
-            await channel.declare_queue(queue, passive=True)
-            return True
-        except aio_pika.exceptions.ChannelClosed:
-            return False
-        finally:
-            await connection.close()
-
-    await wait_for(declared, timeout=30)
