@@ -29,6 +29,7 @@ import asyncpg
 
 from consumers.bench.options import PACED_VARIANTS, PREFILL_VARIANTS, BenchOptions, EventLoop, parse
 from consumers.bench.prefill import prefill
+from consumers.bench.profile import top
 from consumers.bench.report import paced_line, prefill_line, summary, table
 from consumers.bench.rounds import Rounds, say
 from consumers.bench.sandbox import Sandbox
@@ -102,6 +103,9 @@ async def bench(options: BenchOptions, settings: Settings) -> int:
             say(table(results))
             say("")
             say(summary(results))
+            if rounds.profiles:
+                say(f"profile of {options.profile}: {', '.join(map(str, rounds.profiles))}")
+                say(top(rounds.profiles))
             framework = results.get("framework")
             if options.paced_seconds > 0 and framework is not None:
                 rate = framework.rate / 2
@@ -148,7 +152,7 @@ def _run(main: Coroutine[Any, Any, int], loop: EventLoop) -> int:
 def main(argv: Sequence[str], settings: Settings) -> int:
     """Entry point of `idempotent-workers bench`."""
     options = parse(argv)
-    with open(options.log_file, "a", encoding="utf-8") as log_file:
+    with open(options.log_file, "ab") as log_file:
         configure_logging("info", json=True, file=log_file)
         code = _run(bench(options, settings), options.loop)
     sys.stdout.flush()
