@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
 import statistics
 import time
@@ -19,7 +20,7 @@ from multiprocessing.connection import Connection
 from typing import Literal
 
 from providers.apns import ApnsProvider, ApnsSettings
-from providers.fakes.apns import FakeApns
+from providers.fakes.apns import ApnsReply, FakeApns
 from providers.fakes.fcm import FakeFcm
 from providers.fcm import FcmProvider, FcmSettings
 from providers.ids import send_ids
@@ -50,25 +51,67 @@ class BenchResult:
         )
 
 
-def _serve(service: Service, pipe: Connection) -> None:
-    asyncio.run(_serve_until_told(service, pipe))
+class FakeServer:
+    """A fake APNs or FCM in a child process, so its CPU is not the measured process'.
+
+    The fake APNs answers every token after `latency` seconds; the fake FCM, `TOKEN`.
+    `requests()` asks the child how many requests it read (and with how many distinct
+    apns-ids), `forget()` clears them.
+    """
+
+    def __init__(self, service: Service, *, latency: float = LATENCY) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._pipe, theirs = context.Pipe()
+        self._child = context.Process(target=_serve, args=(service, latency, theirs), daemon=True)
+        self._child.start()
+        self.settings: ApnsSettings | FcmSettings = self._pipe.recv()
+
+    def requests(self) -> tuple[int, int]:
+        """(requests read, distinct apns-ids among them) since the last `forget()`."""
+        self._pipe.send("count")
+        counts: tuple[int, int] = self._pipe.recv()
+        return counts
+
+    def forget(self) -> None:
+        self._pipe.send("forget")
+        self._pipe.recv()
+
+    def stop(self) -> None:
+        self._pipe.send("stop")
+        self._child.join(timeout=10)
+
+    def __enter__(self) -> FakeServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
 
-async def _serve_until_told(service: Service, pipe: Connection) -> None:
+def _serve(service: Service, latency: float, pipe: Connection) -> None:
+    asyncio.run(_serve_until_told(service, latency, pipe))
+
+
+async def _serve_until_told(service: Service, latency: float, pipe: Connection) -> None:
     loop = asyncio.get_running_loop()
-    if service == "apns":
-        async with FakeApns() as apns:
-            apns.script(TOKEN, latency=LATENCY)
-            pipe.send(apns.settings())
-            await loop.run_in_executor(None, pipe.recv)
-    else:
-        async with FakeFcm() as fcm:
-            fcm.script(TOKEN, latency=LATENCY)
-            pipe.send(fcm.settings())
-            await loop.run_in_executor(None, pipe.recv)
+    async with contextlib.AsyncExitStack() as stack:
+        fake: FakeApns | FakeFcm
+        if service == "apns":
+            fake = await stack.enter_async_context(FakeApns(unscripted=ApnsReply(latency=latency)))
+        else:
+            fake = await stack.enter_async_context(FakeFcm())
+            fake.script(TOKEN, latency=latency)
+        pipe.send(fake.settings())
+        while (command := await loop.run_in_executor(None, pipe.recv)) != "stop":
+            if command == "count":
+                ids = {r.apns_id for r in fake.requests} if isinstance(fake, FakeApns) else ()
+                pipe.send((len(fake.requests), len(ids) or len(fake.requests)))
+            elif command == "forget":
+                fake.requests.clear()
+                pipe.send(None)
 
 
-async def _one_run(provider: Provider, platform: Platform, sends: int, concurrency: int) -> float:
+async def one_run(provider: Provider, platform: Platform, sends: int, concurrency: int) -> float:
+    """Sends per second of `sends` pushes, `concurrency` at a time; closes `provider`."""
     push = Push(
         target=Target(platform=platform, token=TOKEN),
         notification=Notification(title="Your order shipped", body="It arrives Friday"),
@@ -98,18 +141,14 @@ async def _bench(
         else:
             provider = FcmProvider(settings)
             platform = Platform.ANDROID
-        rates.append(await _one_run(provider, platform, sends, concurrency))
+        rates.append(await one_run(provider, platform, sends, concurrency))
     return BenchResult(service=service, sends=sends, concurrency=concurrency, rates=rates)
 
 
 def bench(service: Service, *, sends: int, concurrency: int, runs: int) -> BenchResult:
     """Run the fake in a child process, the provider here; return the measured rates."""
-    context = multiprocessing.get_context("spawn")
-    ours, theirs = context.Pipe()
-    child = context.Process(target=_serve, args=(service, theirs), daemon=True)
-    child.start()
-    try:
-        settings = ours.recv()
+    with FakeServer(service) as fake:
+        settings = fake.settings
         if isinstance(settings, FcmSettings):
             settings = FcmSettings(
                 credentials=settings.credentials,
@@ -118,9 +157,6 @@ def bench(service: Service, *, sends: int, concurrency: int, runs: int) -> Bench
                 max_workers=concurrency,
             )
         return asyncio.run(_bench(service, settings, sends, concurrency, runs))
-    finally:
-        ours.send("stop")
-        child.join(timeout=10)
 
 
 def main() -> None:

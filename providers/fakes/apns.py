@@ -89,9 +89,16 @@ class _Script:
 class FakeApns:
     """A fake APNs server; `.requests` lists what it read, `.script()` sets its answers."""
 
-    def __init__(self, *, topic: str = "com.example.app", max_concurrent_streams: int = 1000):
+    def __init__(
+        self,
+        *,
+        topic: str = "com.example.app",
+        max_concurrent_streams: int = 1000,
+        unscripted: ApnsReply | None = None,
+    ):
         self.topic = topic
         self.max_concurrent_streams = max_concurrent_streams
+        self.unscripted = unscripted or ApnsReply()  # the answer to a token with no script
         self.requests: list[ApnsRequest] = []
         self.connections_opened = 0
         self._scripts: dict[str, deque[_Script]] = {}
@@ -186,7 +193,7 @@ class FakeApns:
                 script.remaining -= 1
                 return script.reply
             scripts.popleft()
-        return ApnsReply()
+        return self.unscripted
 
     def _accept(self) -> _ServerConnection:
         self.connections_opened += 1
