@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from consumers.chaos.profile import PROFILES
 from consumers.chaos.report import PushFigures, details, fault_table, summary_line
 from consumers.chaos.run import Outcome, run_chaos
+from consumers.logs import configure_logging
 from consumers.settings import Settings
 
 __all__ = ["Outcome", "main", "run_chaos"]
@@ -45,6 +46,7 @@ def main(argv: Sequence[str], settings: Settings) -> int:
     """Entry point of `idempotent-workers chaos` (`settings` are not used: see above)."""
     del settings
     args = _parser().parse_args(list(argv))
+    configure_logging("warning")  # the run's own progress lines are what matters here
     outcome = asyncio.run(_guarded(args.profile, args.seed, args.keep))
     print()
     for line in fault_table(outcome.faults):

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 
 import structlog
 
@@ -47,6 +48,7 @@ SCHEDULED = tuple(
     k for k in FaultKind if k not in (FaultKind.CRASH_BEFORE_COMMIT, FaultKind.CRASH_AFTER_COMMIT)
 )
 RESTARTS = (FaultKind.RABBITMQ_RESTART, FaultKind.RABBITMQ_KILL, FaultKind.POSTGRES_RESTART)
+RESTART_COOLDOWN_S = 5.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,7 +86,9 @@ class Injector:
         amqp_proxy: FaultProxy,
         pg_proxy: FaultProxy,
         rng: random.Random,
+        journal: Path | None = None,
     ) -> None:
+        self.journal = journal
         self.fleet = fleet
         self.rabbit = rabbit
         self.postgres = postgres
@@ -145,6 +149,9 @@ class Injector:
             self.log.injected[kind] += hit
         self.log.affected[kind] += hit
         log.info("fault_injected", kind=str(kind), affected=hit)
+        if self.journal is not None:
+            with self.journal.open("a") as out:
+                out.write(f"{time.strftime('%H:%M:%S')} {kind} affected={hit}\n")
 
     def record_cuts(self) -> None:
         """Commit cuts count once they happened, not when they were armed."""

@@ -53,7 +53,10 @@ class _Slot:
 class FleetCounts:
     killed: int = 0  # SIGKILLs sent by the run
     terminated: int = 0  # SIGTERMs sent by the run
-    unclean_terms: int = 0  # SIGTERMed processes that did not exit 0
+    unclean_terms: int = 0  # SIGTERMed processes that did not exit 0 (nor -15: see below)
+    # SIGTERMed while still starting (its handler not yet installed, e.g. while
+    # a service is down): the default action ends it, like a kill.
+    terms_while_starting: int = 0
     crashed_at: Counter[str] = field(default_factory=Counter)  # crash point -> kills
     start_failures: int = 0
     starts: int = 0
@@ -188,7 +191,7 @@ class Fleet:
             for point, n in self.quota.items()
         }
         candidates = [p for p, n in left.items() if n > 0]
-        if not candidates or self.rng.random() < 0.4:
+        if not candidates or self.rng.random() < 0.2:
             return None
         return self.rng.choice(candidates)
 
@@ -215,7 +218,9 @@ class Fleet:
         if slot.sent is signal.SIGKILL:
             return 0.3
         if slot.sent is signal.SIGTERM:
-            if code != 0:
+            if code == -signal.SIGTERM:
+                self.counts.terms_while_starting += 1
+            elif code != 0:
                 self.counts.unclean_terms += 1
                 log.warning("worker_unclean_sigterm", slot=slot.index, code=code)
             return 0.1

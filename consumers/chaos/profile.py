@@ -35,7 +35,7 @@ CI = Profile(
     malformed=30,
     workers=3,
     load_seconds=150.0,
-    max_crash_after=25,
+    max_crash_after=10,
     faults={
         K.SIGKILL: 12,
         K.CRASH_BEFORE_COMMIT: 12,

@@ -62,6 +62,7 @@ def details(findings: Findings, fleet: FleetCounts, published: int, republished:
         ("worker starts", fleet.starts),
         ("worker start failures (service down)", fleet.start_failures),
         ("SIGTERMs not exiting 0", fleet.unclean_terms),
+        ("SIGTERMs while starting (exit -15)", fleet.terms_while_starting),
     ]
     rows += [(f"dead-lettered: {reason}", n) for reason, n in sorted(findings.reasons.items())]
     lines = [f"{name:<40}{value!s:>12}" for name, value in rows]

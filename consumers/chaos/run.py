@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import socket
@@ -107,6 +108,10 @@ class _Probe:
 
 async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outcome:
     started = time.monotonic()
+    # Our own clients reconnect across every restart on purpose: keep their
+    # reconnect chatter out of the output.
+    for name in ("aio_pika", "aiormq"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     rng = random.Random(seed)
     workdir = Path(tempfile.mkdtemp(prefix="iw-chaos-"))
     os.chmod(workdir, 0o755)  # the private PostgreSQL runs as the postgres user
@@ -148,6 +153,7 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         amqp_proxy=amqp_proxy,
         pg_proxy=pg_proxy,
         rng=rng,
+        journal=workdir / "faults.log",
     )
     ok = False
     try:
