@@ -95,7 +95,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # REMAINDER does not take options that come first (`chaos --profile full`):
+    # bench and chaos get whatever the top-level parser does not know.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command not in ("bench", "chaos"):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command in ("bench", "chaos"):
+        args.args = [*unknown, *args.args]
     configure_logging(args.log_level)
     settings = Settings.from_env()
     try:
