@@ -22,7 +22,6 @@ One `send` is one attempt: exactly one request reaches APNs, or none
 from __future__ import annotations
 
 import asyncio
-import functools
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,8 +44,8 @@ from h2.events import (
     WindowUpdated,
 )
 from h2.exceptions import H2Error, NoAvailableStreamIDError
-from hpack import NeverIndexedHeaderTuple
 
+from providers.apns_h2 import ApnsH2Connection
 from providers.apns_wire import Answer, Lost, Outcome, apns_request, apns_result
 from providers.errors import PermanentProviderError, TransientProviderError, UnknownOutcomeError
 from providers.ids import SendIds
@@ -58,7 +57,6 @@ log = structlog.get_logger(__name__)
 PRODUCTION_HOST = "api.push.apple.com"
 SANDBOX_HOST = "api.sandbox.push.apple.com"
 MAX_STREAMS_PER_CONNECTION = 1000
-_UNIQUE = frozenset({":path", "apns-id", "apns-collapse-id", "apns-expiration"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,12 +101,7 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
         self.closed = self.loop.create_future()
         self.window_opened = asyncio.Event()
         self._flush_scheduled = False
-        # Huffman-coding the unique apns-id and path in pure Python costs more than the bytes.
-        encode = functools.partial(self.conn.encoder.encode, huffman=False)
-        self.conn.encoder.encode = encode  # type: ignore[method-assign]  # h2 has no huffman option
-        # our headers are built from validated values; h2 re-checking each costs ~10% CPU
-        self.conn.config.validate_outbound_headers = False
-        self.conn.config.normalize_outbound_headers = False
+        self.conn = ApnsH2Connection()  # aioapns' own has h2's defaults: see providers.apns_h2
 
     @property
     def is_busy(self) -> bool:
@@ -133,11 +126,7 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
             raise _NotSentError("StreamIdsExhausted") from None
         if self.auth_provider is not None:
             headers = [*headers, ("authorization", self.auth_provider.get_header())]
-        # values unique to one push stay out of the HPACK table, keeping its lookups short
-        self.conn.send_headers(
-            stream_id,
-            [NeverIndexedHeaderTuple(k, v) if k in _UNIQUE else (k, v) for k, v in headers],
-        )
+        self.conn.send_headers(stream_id, headers)
         frame = self.conn.max_outbound_frame_size
         chunks = [body[i : i + frame] for i in range(0, len(body), frame)] or [b""]
         for i, chunk in enumerate(chunks):
