@@ -1,0 +1,53 @@
+"""The bench's code paths, on a few messages: every variant, paced mode, prefill.
+
+No figure is checked here (a benchmark is a command that prints figures);
+what is checked is that each variant consumes everything, that the writing
+ones leave exactly one effect per message, and that the summary line is there.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from consumers import Settings
+from consumers.bench import bench
+from consumers.bench.options import DEFAULT_VARIANTS, parse
+from consumers.bench.stopwatch import Stopwatch
+from consumers.bench.workload import job
+
+
+async def test_every_variant_consumes_everything_once(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    options = parse(
+        ["--messages", "60", "--repeats", "1", "--paced-seconds", "1", "--prefill", "2000"]
+    )
+    assert await bench(options, settings) == 0
+    out = capsys.readouterr().out
+    for variant in DEFAULT_VARIANTS:
+        assert f" {variant} " in out, out
+    assert "EFFECTS WRONG" not in out, out
+    assert "bench: ceiling=" in out and "framework/faststream=" in out, out
+    assert "paced: rate=" in out, out
+    assert "prefill: rows=2000" in out, out
+
+
+def test_the_stopwatch_leaves_aio_pika_as_it_found_it() -> None:
+    from aio_pika.message import IncomingMessage
+
+    before = (IncomingMessage.__init__, IncomingMessage.ack)
+    with Stopwatch().installed():
+        assert (IncomingMessage.__init__, IncomingMessage.ack) != before
+    assert (IncomingMessage.__init__, IncomingMessage.ack) == before
+
+
+def test_jobs_are_about_300_bytes_of_json() -> None:
+    import random
+
+    sizes = [len(job(n, random.Random(n)).body) for n in range(100)]
+    assert min(sizes) >= 250 and max(sizes) <= 350
+
+
+def test_options_refuse_unknown_variants() -> None:
+    with pytest.raises(SystemExit):
+        parse(["--variants", "ceiling,nonsense"])
