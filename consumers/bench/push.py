@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import statistics
 import sys
 import time
@@ -181,6 +182,7 @@ async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int)
         await declare(channel, queue, retry, base.amqp)
         await publish_jobs(channel, queue, sends)
         fake.forget()
+        say(f"{sends:,} jobs published; worker starting ({setup.label})")
         clock = AckClock(sends)
         with clock.installed():
             cpu = time.process_time()
@@ -228,6 +230,10 @@ async def provider_run(fake: FakeServer, sends: int) -> float:
 async def bench(
     setups: list[Setup], base: Settings, fake: FakeServer, args: argparse.Namespace
 ) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    # SIGTERM cancels the bench, so the run's schema and queues are dropped on the way out.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     results = [Results(setup=s) for s in setups]
     provider_rates: list[float] = []
     for round_ in range(args.runs):
@@ -242,7 +248,10 @@ async def bench(
                 f" {timing.cpu_us_per_send:.0f} µs CPU/send"
             )
     provider_only = statistics.median(provider_rates)
-    say(f"\n{args.sends:,} push jobs, fake APNs answering after {LATENCY * 1000:.0f} ms,")
+    say(
+        f"\n{args.sends:,} push jobs, fake APNs answering after {LATENCY * 1000:.0f} ms,"
+        f" {args.loop} event loop,"
+    )
     say(f"medians of {args.runs} runs; provider_only {provider_only:,.0f} sends/s")
     say(
         f"{'worker settings':<40} {'sends/s':>8} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} "
@@ -272,12 +281,26 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
+def _loop(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m consumers.bench.push", description=__doc__)
     parser.add_argument("--sends", type=int, default=10_000, help="push jobs per run")
     parser.add_argument("--runs", type=int, default=3, help="rounds; figures are medians")
     parser.add_argument("--provider-sends", type=int, default=5_000)
     parser.add_argument("--sweep", action="store_true", help="also try other worker settings")
+    parser.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop"],
+        default="asyncio",
+        help="the event loop (asyncio: what `idempotent-workers run` uses)",
+    )
     args = parser.parse_args(argv)
     base = Settings.from_env()
     ws = base.worker
@@ -293,8 +316,11 @@ def main(argv: list[str] | None = None) -> None:
     with open(os.devnull, "w") as sink:
         with contextlib.redirect_stderr(sink):
             configure_logging("info", json=True)
-        with FakeServer("apns") as fake:
-            asyncio.run(bench(setups, base, fake, args))
+        with FakeServer("apns") as fake, asyncio.Runner(loop_factory=_loop(args.loop)) as runner:
+            try:
+                runner.run(bench(setups, base, fake, args))
+            except asyncio.CancelledError:
+                raise SystemExit("push_bench: stopped; its schema and queues dropped") from None
     sys.stdout.flush()
 
 
