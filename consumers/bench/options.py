@@ -41,6 +41,7 @@ class BenchOptions:
     log_file: str = "/dev/null"
     loop: EventLoop = EventLoop.ASYNCIO
     timeout: float = 300.0  # per run
+    profile: str | None = None  # a variant to sample with py-spy while it consumes
 
 
 def parse(argv: Sequence[str]) -> BenchOptions:
@@ -75,6 +76,12 @@ def parse(argv: Sequence[str]) -> BenchOptions:
     parser.add_argument("--log-file", default="/dev/null", help="where log lines go")
     parser.add_argument("--loop", choices=[e.value for e in EventLoop], default="asyncio")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run at most")
+    parser.add_argument(
+        "--profile",
+        metavar="VARIANT",
+        default=None,
+        help="sample VARIANT's runs with py-spy and print where the time goes",
+    )
     argv = list(argv)
     if argv[:1] == ["--"]:  # `idempotent-workers bench -- --messages 5000`
         argv = argv[1:]
@@ -83,6 +90,8 @@ def parse(argv: Sequence[str]) -> BenchOptions:
     unknown = sorted(set(variants) - set(DEFAULT_VARIANTS))
     if unknown:
         parser.error(f"unknown variants: {', '.join(unknown)}")
+    if args.profile is not None and args.profile not in variants:
+        parser.error(f"--profile {args.profile}: not among --variants")
     if args.messages < 1 or args.repeats < 1:
         parser.error("--messages and --repeats must be at least 1")
     return BenchOptions(
@@ -96,4 +105,5 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         log_file=args.log_file,
         loop=EventLoop(args.loop),
         timeout=args.timeout,
+        profile=args.profile,
     )

@@ -11,16 +11,21 @@ process, a checkpoint) spreads over all of them rather than one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aio_pika
 import asyncpg
 
 from consumers.bench.memory import peak_resident
 from consumers.bench.options import BenchOptions
+from consumers.bench.profile import sampled
 from consumers.bench.sandbox import Sandbox
 from consumers.bench.stopwatch import Stopwatch, Timing
 from consumers.bench.variant import Run, Variant
@@ -78,6 +83,7 @@ class Rounds:
         self.watch = watch
         self.progress = progress
         self._seed = 0
+        self.profiles: list[Path] = []  # py-spy's collapsed stacks, one file per sampled run
 
     def _run(self, messages: int, timeout: float) -> Run:
         return Run(
@@ -113,7 +119,7 @@ class Rounds:
         n = self.options.messages
         await self._prepare(keep_claims=keep_claims, backlog=n)
         self.watch.reset(n)
-        async with peak_resident() as peak:
+        async with peak_resident() as peak, self._sampled(variant):
             await variant.consume(self._run(n, self.options.timeout))
         timing = self.watch.timing()
         result.timings.append(timing)
@@ -124,6 +130,13 @@ class Rounds:
             f"  p50 {timing.p50_ms:7.1f} ms  p99 {timing.p99_ms:7.1f} ms"
             f"  rss {peak.megabytes:5.0f} MB  {verdict}"
         )
+
+    def _sampled(self, variant: Variant) -> AbstractAsyncContextManager[None]:
+        if variant.name != self.options.profile:
+            return contextlib.nullcontext()
+        path = Path(tempfile.gettempdir()) / f"bench-{variant.name}-{len(self.profiles) + 1}.txt"
+        self.profiles.append(path)
+        return sampled(path)
 
     async def rounds(
         self, variants: Sequence[Variant], *, keep_claims: bool, phase: str
