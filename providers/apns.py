@@ -94,6 +94,8 @@ class _Stream:
 class _ExactlyOnceProtocol(APNsTLSClientProtocol):
     """One connection: streams keyed by id, data acknowledged, nothing ever resent."""
 
+    _last_write = 0.0  # set by aioapns' __init__ already, through refresh_inactivity_timer
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.streams: dict[int, _Stream] = {}
@@ -177,13 +179,18 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
         self.flush()
 
     def flush(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            super().flush()
+        """Write what h2 has to send, if anything (answers read often leave nothing)."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        if data := self.conn.data_to_send():
+            self.transport.write(data)
+            self.refresh_inactivity_timer()
 
     def refresh_inactivity_timer(self) -> None:
-        if self.inactivity_timer:
-            self.inactivity_timer.cancel()
-        self.inactivity_timer = self.loop.call_later(self.INACTIVITY_TIME, self._close_if_idle)
+        """Note the activity; one timer per idle period, not a new timer per write."""
+        self._last_write = self.loop.time()
+        if self.inactivity_timer is None:
+            self.inactivity_timer = self.loop.call_later(self.INACTIVITY_TIME, self._close_if_idle)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.inactivity_timer:
@@ -201,7 +208,12 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
         self.flush()
 
     def _close_if_idle(self) -> None:
-        if not self.streams:
+        self.inactivity_timer = None
+        quiet = self.loop.time() - self._last_write
+        if quiet < self.INACTIVITY_TIME:
+            wait = self.INACTIVITY_TIME - quiet
+            self.inactivity_timer = self.loop.call_later(wait, self._close_if_idle)
+        elif not self.streams:
             self.close()
 
     def _answer(self, stream_id: int) -> None:
@@ -254,22 +266,25 @@ class ApnsProvider:
         headers, body = apns_request(push, ids, host=self._host(), topic=self.settings.topic)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.timeout_seconds
-        try:
-            async with asyncio.timeout_at(deadline):
-                connection = await self._writable_connection(len(body))
-        except TimeoutError:
-            raise TransientProviderError("NoConnectionAvailable", provider=self.name) from None
+        connection = self._ready_connection(len(body))
+        if connection is None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    connection = await self._writable_connection(len(body))
+            except TimeoutError:
+                raise TransientProviderError("NoConnectionAvailable", provider=self.name) from None
         try:
             answer = connection.start(headers, body)
         except _NotSentError as exc:
             raise TransientProviderError(exc.reason, provider=self.name) from exc
-        try:
-            outcome = await asyncio.wait_for(asyncio.shield(answer), deadline - loop.time())
-        except TimeoutError:
+        # asyncio.wait never cancels `answer`: a cancelled send leaves its stream alone.
+        done, _ = await asyncio.wait((answer,), timeout=deadline - loop.time())
+        if not done:
             connection.abandon(answer, grace=self.settings.timeout_seconds)
             self._abandoned.add(connection)
             connection.closed.add_done_callback(lambda _: self._abandoned.discard(connection))
-            raise UnknownOutcomeError("Timeout", provider=self.name) from None
+            raise UnknownOutcomeError("Timeout", provider=self.name)
+        outcome = answer.result()
         return apns_result(outcome, sent_apns_id=ids.apns_id, provider=self.name)
 
     async def aclose(self) -> None:
@@ -290,6 +305,19 @@ class ApnsProvider:
             for connection in connections:
                 if connection.closed in stuck and connection.transport is not None:
                     connection.transport.abort()
+
+    def _ready_connection(self, size: int) -> _ExactlyOnceProtocol | None:
+        """A pooled connection that takes this request now, if any: no await, no timer."""
+        if self._closing or self._pool is None:
+            return None
+        for connection in self._pool.connections:
+            if (
+                isinstance(connection, _ExactlyOnceProtocol)
+                and not connection.is_busy
+                and connection.can_write(size)
+            ):
+                return connection
+        return None
 
     async def _writable_connection(self, size: int) -> _ExactlyOnceProtocol:
         while True:
