@@ -33,6 +33,7 @@ from consumers.bench.workload import publish_backlog
 from consumers.settings import Settings
 
 PACER_START_SECONDS = 1.5  # lets the consumer start before the load does
+SETTLE_SECONDS = 1.0
 
 
 @dataclass(slots=True)
@@ -103,6 +104,10 @@ class Rounds:
         self._seed += 1
         if backlog:
             await publish_backlog(self.channel, self.sandbox.queue, backlog, seed=self._seed)
+        # Let the last run's and the backlog's writes settle (WAL, the quorum
+        # queue's log) so that no variant inherits another's hangover.
+        await self.admin.execute("CHECKPOINT")
+        await asyncio.sleep(SETTLE_SECONDS)
 
     async def _check(self, variant: Variant, messages: int, result: Result) -> str:
         if not variant.writes:
