@@ -17,7 +17,13 @@ import signal
 from collections.abc import Sequence
 
 from consumers.chaos.profile import PROFILES
-from consumers.chaos.report import PushFigures, details, fault_table, summary_line
+from consumers.chaos.report import (
+    PushFigures,
+    details,
+    fault_table,
+    push_details,
+    summary_line,
+)
 from consumers.chaos.run import Outcome, run_chaos
 from consumers.logs import configure_logging
 from consumers.settings import Settings
@@ -55,6 +61,19 @@ def main(argv: Sequence[str], settings: Settings) -> int:
     for line in details(outcome.findings, outcome.fleet, outcome.published, outcome.republished):
         print(line)
     print(f"{'elapsed s':<40}{outcome.elapsed_s:>12.0f}")
+    push = outcome.push
+    if push is not None:
+        for line in push_details(push):
+            print(line)
+    figures = (
+        PushFigures(
+            pushes=push.pushes,
+            extra_pushes=push.extra_pushes,
+            crashes_in_send=push.crashes_in_send,
+        )
+        if push is not None
+        else PushFigures()
+    )
     print()
-    print(summary_line(outcome.findings, outcome.faults, PushFigures()))
-    return 0 if outcome.findings.ok else 1
+    print(summary_line(outcome.findings, outcome.faults, figures))
+    return 0 if outcome.findings.ok and (push is None or push.ok) else 1

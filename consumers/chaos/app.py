@@ -1,8 +1,11 @@
-"""The worker app the chaos run starts: local effects, and poison.
+"""The worker apps the chaos run starts: local effects, poison, and pushes.
 
     chaos.local    one row in `chaos_effects` per job, staged (executemany)
     chaos.poison   always raises: retried on short tiers, dead-lettered after
                    POISON_MAX_ATTEMPTS attempts
+    chaos.push     (`push_app` only) push jobs through the send ledger to the
+                   run's fake APNs and FCM servers; where those listen comes in
+                   CHAOS_* variables, read when the worker builds its provider
 
 `chaos_effects` has no unique constraint on purpose: a doubled effect shows
 up as a second row for the same key instead of being hidden by an error.
@@ -11,13 +14,18 @@ up as a second row for the same key instead of being hidden by an error.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from consumers.app import App
 from consumers.context import Context
 from consumers.retry import RetryPolicy
+from providers import Provider
 
 LOCAL_QUEUE = "chaos.local"
 POISON_QUEUE = "chaos.poison"
+PUSH_QUEUE = "chaos.push"
+PROVIDER_TIMEOUT_S = 2.0
+PUSH_LEASE_S = 6.0  # above the provider timeout, as `push_handler` requires
 POISON_MAX_ATTEMPTS = 5
 
 EFFECTS_TABLE = """
@@ -41,10 +49,6 @@ class PoisonError(Exception):
     """What the poison handler raises, every time."""
 
 
-app = App()
-
-
-@app.handler(LOCAL_QUEUE, retry=LOCAL_RETRY)
 async def apply_local(ctx: Context) -> None:
     await ctx.stage(
         "INSERT INTO chaos_effects (tenant, message_id, worker_pid) VALUES ($1, $2, $3)",
@@ -54,6 +58,50 @@ async def apply_local(ctx: Context) -> None:
     )
 
 
-@app.handler(POISON_QUEUE, retry=POISON_RETRY)
 async def always_fail(ctx: Context) -> None:
     raise PoisonError(f"poison job {ctx.message_id} never succeeds")
+
+
+async def fake_providers() -> Provider:
+    """APNs and FCM providers pointed at the chaos run's fakes."""
+    from providers import ApnsProvider, ApnsSettings, FcmProvider, FcmSettings, PlatformRouter
+
+    env = os.environ
+    key = Path(env["CHAOS_APNS_KEY_FILE"]).read_text()  # noqa: ASYNC240 - once, at start
+    return PlatformRouter(
+        apns=ApnsProvider(
+            ApnsSettings(
+                topic="com.example.app",
+                key=key,
+                key_id="FAKEKEY123",
+                team_id="FAKETEAM12",
+                host="127.0.0.1",
+                port=int(env["CHAOS_APNS_PORT"]),
+                ca_file=env["CHAOS_APNS_CA_FILE"],
+                timeout_seconds=PROVIDER_TIMEOUT_S,
+            )
+        ),
+        fcm=FcmProvider(
+            FcmSettings(
+                credentials=env["CHAOS_FCM_SERVICE_ACCOUNT"],
+                project_id=env["CHAOS_FCM_PROJECT"],
+                base_url=env["CHAOS_FCM_BASE_URL"],
+                timeout_seconds=PROVIDER_TIMEOUT_S,
+            )
+        ),
+    )
+
+
+def _build(*, push: bool) -> App:
+    built = App()
+    built.handler(LOCAL_QUEUE, retry=LOCAL_RETRY)(apply_local)
+    built.handler(POISON_QUEUE, retry=POISON_RETRY)(always_fail)
+    if push:
+        built.push_handler(
+            PUSH_QUEUE, provider=fake_providers, lease_seconds=PUSH_LEASE_S, retry=LOCAL_RETRY
+        )
+    return built
+
+
+app = _build(push=False)  # local effects and poison only
+push_app = _build(push=True)  # and push jobs to the fake providers

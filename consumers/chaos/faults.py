@@ -13,7 +13,7 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -31,6 +31,7 @@ class FaultKind(StrEnum):
     SIGKILL = "sigkill"  # a random worker, SIGKILL
     CRASH_BEFORE_COMMIT = "crash_before_commit"  # the worker kills itself there
     CRASH_AFTER_COMMIT = "crash_after_commit"
+    CRASH_AFTER_SEND = "crash_after_send"  # the provider answered, not yet recorded
     SIGTERM = "sigterm"  # rolling: every worker in turn (counted per worker)
     RABBITMQ_RESTART = "rabbitmq_restart"  # clean stop, start
     RABBITMQ_KILL = "rabbitmq_kill"  # SIGKILL of the Erlang VM, start
@@ -42,11 +43,24 @@ class FaultKind(StrEnum):
     PG_LATENCY = "pg_latency"  # 20-100 ms on every chunk for a few seconds
     AMQP_LATENCY = "amqp_latency"
     COMMIT_CUT = "commit_cut"  # a COMMIT forwarded, its reply never delivered
+    HTTP2_DROP = "http2_drop"  # every HTTP/2 connection to the fake APNs cut
+    # Scripted at the fakes per device token (counted from what they served):
+    PROVIDER_410 = "provider_410"
+    PROVIDER_429 = "provider_429"
+    PROVIDER_5XX = "provider_5xx"
+    PROVIDER_TIMEOUT = "provider_timeout"
+    PROVIDER_DROP = "provider_drop"
 
 
-SCHEDULED = tuple(
-    k for k in FaultKind if k not in (FaultKind.CRASH_BEFORE_COMMIT, FaultKind.CRASH_AFTER_COMMIT)
+CRASHES = (FaultKind.CRASH_BEFORE_COMMIT, FaultKind.CRASH_AFTER_COMMIT, FaultKind.CRASH_AFTER_SEND)
+SCRIPTED = (
+    FaultKind.PROVIDER_410,
+    FaultKind.PROVIDER_429,
+    FaultKind.PROVIDER_5XX,
+    FaultKind.PROVIDER_TIMEOUT,
+    FaultKind.PROVIDER_DROP,
 )
+SCHEDULED = tuple(k for k in FaultKind if k not in CRASHES + SCRIPTED)
 RESTARTS = (FaultKind.RABBITMQ_RESTART, FaultKind.RABBITMQ_KILL, FaultKind.POSTGRES_RESTART)
 RESTART_COOLDOWN_S = 5.0
 
@@ -58,12 +72,24 @@ class Event:
 
 
 def timeline(counts: Mapping[FaultKind, int], seconds: float, rng: random.Random) -> list[Event]:
-    """The scheduled faults, spread uniformly over the middle of `seconds`."""
+    """The scheduled faults over the middle of `seconds`.
+
+    Most kinds fall uniformly at random. Service restarts are spread evenly
+    (with jitter), kinds interleaved: a restart takes 5 to 12 s and they take
+    turns, so random times would pile several into one long outage.
+    """
     events = [
         Event(at=rng.uniform(0.03, 0.9) * seconds, kind=kind)
         for kind, n in counts.items()
-        if kind in SCHEDULED
+        if kind in SCHEDULED and kind not in RESTARTS
         for _ in range(n)
+    ]
+    restarts = [kind for kind in RESTARTS for _ in range(counts.get(kind, 0))]
+    rng.shuffle(restarts)
+    slot = 0.87 * seconds / max(len(restarts), 1)
+    events += [
+        Event(at=0.03 * seconds + slot * (n + rng.uniform(0.2, 0.8)), kind=kind)
+        for n, kind in enumerate(restarts)
     ]
     return sorted(events, key=lambda e: e.at)
 
@@ -87,7 +113,9 @@ class Injector:
         pg_proxy: FaultProxy,
         rng: random.Random,
         journal: Path | None = None,
+        drop_http2: Callable[[], None] | None = None,
     ) -> None:
+        self.drop_http2 = drop_http2
         self.journal = journal
         self.fleet = fleet
         self.rabbit = rabbit
@@ -140,6 +168,11 @@ class Injector:
             proxy = self.amqp_proxy if kind is FaultKind.AMQP_LATENCY else self.pg_proxy
             hit = proxy.connections
             await proxy.delay(self.rng.uniform(0.02, 0.1), self.rng.uniform(2.0, 6.0))
+        elif kind is FaultKind.HTTP2_DROP:
+            if self.drop_http2 is not None:
+                self.drop_http2()
+            else:
+                hit = 0
         elif kind is FaultKind.COMMIT_CUT:
             self.pg_proxy.arm_commit_cut()  # counted when it fires: see `record_cuts`
             hit = 0
@@ -163,3 +196,9 @@ class Injector:
             kind = FaultKind(f"crash_{point}")
             self.log.injected[kind] = n
             self.log.affected[kind] = n
+
+    def record_scripts(self, served: Mapping[str, int]) -> None:
+        """Provider faults scripted per token count once a fake served them."""
+        for name, n in served.items():
+            self.log.injected[FaultKind(name)] = n
+            self.log.affected[FaultKind(name)] = n

@@ -21,6 +21,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from consumers.settings import CrashPoint
 
 log = structlog.get_logger(__name__)
 
-TARGET = "consumers.chaos.app:app"
+TARGETS = {False: "consumers.chaos.app:app", True: "consumers.chaos.app:push_app"}
 
 
 def _die_with_parent() -> None:
@@ -72,7 +73,12 @@ class Fleet:
         crash_quota: Mapping[CrashPoint, int],
         max_crash_after: int,
         rng: random.Random,
+        push: bool = False,
+        spread_seconds: float = 0.0,
     ) -> None:
+        self.spread_seconds = spread_seconds  # spread the crash quota over this long
+        self._started = 0.0
+        self.target = TARGETS[push]
         self.env = dict(env)
         self.log_dir = log_dir
         self.slots = [_Slot(index=n) for n in range(size)]
@@ -88,6 +94,7 @@ class Fleet:
 
     def start(self) -> None:
         self.running = True
+        self._started = time.monotonic()
         for slot in self.slots:
             self._spawn(slot)
         self._task = asyncio.create_task(self._supervise(), name="fleet-supervisor")
@@ -172,7 +179,7 @@ class Fleet:
         log_path = self.log_dir / f"worker-{slot.index}.log"
         with log_path.open("ab") as out:
             slot.proc = subprocess.Popen(
-                [sys.executable, "-m", "consumers", "run", TARGET],
+                [sys.executable, "-m", "consumers", "run", self.target],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -186,8 +193,14 @@ class Fleet:
     def _draw_crash(self) -> CrashPoint | None:
         if not self.arming:
             return None
+        # Due by now: the quota spread evenly over `spread_seconds`, so the
+        # crashes do not all happen in the first minute.
+        elapsed = time.monotonic() - self._started
+        share = min(1.0, elapsed / self.spread_seconds) if self.spread_seconds else 1.0
         left = {
-            point: n - self.counts.crashed_at[str(point)] - self._armed(point)
+            point: min(n, int(n * share) + 1)
+            - self.counts.crashed_at[str(point)]
+            - self._armed(point)
             for point, n in self.quota.items()
         }
         candidates = [p for p, n in left.items() if n > 0]

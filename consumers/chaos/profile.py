@@ -26,6 +26,7 @@ class Profile:
     faults: Mapping[FaultKind, int]
     max_crash_after: int  # an armed worker crashes after 0..this many batches
     drain_seconds: float = 180.0  # after the load: at most this long to settle
+    push_jobs: int = 0  # push publishes on top of `messages` (duplicates included)
 
 
 CI = Profile(
@@ -36,6 +37,7 @@ CI = Profile(
     workers=3,
     load_seconds=150.0,
     max_crash_after=10,
+    push_jobs=600,
     faults={
         K.SIGKILL: 12,
         K.CRASH_BEFORE_COMMIT: 12,
@@ -51,6 +53,8 @@ CI = Profile(
         K.AMQP_LATENCY: 6,
         K.PG_LATENCY: 6,
         K.COMMIT_CUT: 12,
+        K.CRASH_AFTER_SEND: 12,
+        K.HTTP2_DROP: 6,
     },
 )
 
@@ -63,6 +67,7 @@ FULL = Profile(
     load_seconds=900.0,
     max_crash_after=60,
     drain_seconds=300.0,
+    push_jobs=22_300,  # 20,070 distinct push jobs
     faults={
         K.SIGKILL: 60,
         K.CRASH_BEFORE_COMMIT: 12,
@@ -78,6 +83,8 @@ FULL = Profile(
         K.AMQP_LATENCY: 10,
         K.PG_LATENCY: 10,
         K.COMMIT_CUT: 30,
+        K.CRASH_AFTER_SEND: 40,
+        K.HTTP2_DROP: 20,
     },
 )
 

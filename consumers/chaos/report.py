@@ -7,8 +7,14 @@ from dataclasses import dataclass
 from consumers.chaos.checker import POISON_DEADLINE_S, Findings
 from consumers.chaos.faults import RESTARTS, FaultKind, FaultLog
 from consumers.chaos.fleet import FleetCounts
+from consumers.chaos.pushes import PushFindings
 
-_KILLS = (FaultKind.SIGKILL, FaultKind.CRASH_BEFORE_COMMIT, FaultKind.CRASH_AFTER_COMMIT)
+_KILLS = (
+    FaultKind.SIGKILL,
+    FaultKind.CRASH_BEFORE_COMMIT,
+    FaultKind.CRASH_AFTER_COMMIT,
+    FaultKind.CRASH_AFTER_SEND,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +63,7 @@ def details(findings: Findings, fleet: FleetCounts, published: int, republished:
             f"poison slowest s (limit {POISON_DEADLINE_S:.0f})",
             f"{findings.poison_slowest_s:.1f}",
         ),
+        ("poison dead-lettered later than limit", findings.poison_late),
         ("malformed dead-lettered", f"{findings.malformed_dead_lettered}/{findings.malformed}"),
         ("dead-letter copies (seen twice)", findings.dead_letter_copies),
         ("worker starts", fleet.starts),
@@ -71,3 +78,18 @@ def details(findings: Findings, fleet: FleetCounts, published: int, republished:
     if findings.doubled_sample:
         lines.append(f"doubled (sample): {', '.join(findings.doubled_sample)}")
     return lines
+
+
+def push_details(push: PushFindings) -> list[str]:
+    rows = [
+        ("push devices (job targets)", push.devices),
+        ("pushes taken by the fakes", push.pushes),
+        ("extra pushes", push.extra_pushes),
+        ("sends cut by a crash (crashes_in_send)", push.crashes_in_send),
+        ("answers lost to scripted timeout/drop", push.lost_answers),
+        ("extras with another collapse id", push.collapse_mismatches),
+        ("live devices never pushed (lost)", push.lost),
+        ("dead tokens not marked failed", push.dead_not_failed),
+        ("ledger rows not settled", push.unsettled),
+    ]
+    return [f"{name:<40}{value!s:>12}" for name, value in rows]

@@ -27,13 +27,21 @@ import aio_pika
 import asyncpg
 import structlog
 
-from consumers.chaos.app import EFFECTS_TABLE, LOCAL_QUEUE, POISON_QUEUE, app
+from consumers.app import App
+from consumers.chaos.app import EFFECTS_TABLE, PUSH_QUEUE, app, push_app
 from consumers.chaos.checker import Findings, check, count_stuck, effect_counts
 from consumers.chaos.deadletters import DeadLetterWatcher
 from consumers.chaos.faults import FaultKind, FaultLog, Injector, timeline
 from consumers.chaos.fleet import Fleet, FleetCounts
 from consumers.chaos.profile import Profile
 from consumers.chaos.proxy import FaultProxy
+from consumers.chaos.pushes import (
+    FakeProviders,
+    PushFindings,
+    check_pushes,
+    ledger_status,
+    plan_pushes,
+)
 from consumers.chaos.services import PrivatePostgres, PrivateRabbit, remove_tree
 from consumers.chaos.workload import JobKind, ResilientPublisher, plan
 from consumers.settings import AmqpSettings, CrashPoint
@@ -48,6 +56,7 @@ class Outcome:
     findings: Findings
     faults: FaultLog
     fleet: FleetCounts
+    push: PushFindings | None
     published: int
     republished: int
     elapsed_s: float
@@ -65,7 +74,7 @@ def say(text: str) -> None:
     print(f"chaos: {text}", flush=True)
 
 
-async def _prepare(postgres: PrivatePostgres, rabbit: PrivateRabbit) -> None:
+async def _prepare(postgres: PrivatePostgres, rabbit: PrivateRabbit, target: App) -> None:
     conn = await asyncpg.connect(postgres.url)
     try:
         await migrate(conn, "public")
@@ -75,7 +84,7 @@ async def _prepare(postgres: PrivatePostgres, rabbit: PrivateRabbit) -> None:
     connection = await aio_pika.connect(rabbit.url)
     try:
         channel = await connection.channel()
-        for spec in app.specs.values():
+        for spec in target.specs.values():
             await declare(channel, spec.queue, spec.retry, AmqpSettings(url=rabbit.url))
     finally:
         await connection.close()
@@ -96,6 +105,22 @@ class _Probe:
                 "SELECT count(DISTINCT (tenant, message_id)) FROM chaos_effects", timeout=10
             )
             return value
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            self.conn = None
+            return None
+
+    async def unsettled_pushes(self, devices: int) -> int | None:
+        """Devices whose ledger row is missing or not yet `sent` or `failed`."""
+        try:
+            if self.conn is None or self.conn.is_closed():
+                self.conn = await asyncpg.connect(self.url, timeout=5)
+            settled: int = await self.conn.fetchval(
+                "SELECT count(*) FROM outbound_sends WHERE consumer = $1"
+                " AND status IN ('sent', 'failed')",
+                PUSH_QUEUE,
+                timeout=10,
+            )
+            return devices - settled
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
             self.conn = None
             return None
@@ -134,16 +159,24 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         crash_quota={
             CrashPoint.BEFORE_COMMIT: profile.faults.get(FaultKind.CRASH_BEFORE_COMMIT, 0),
             CrashPoint.AFTER_COMMIT: profile.faults.get(FaultKind.CRASH_AFTER_COMMIT, 0),
+            CrashPoint.AFTER_SEND: profile.faults.get(FaultKind.CRASH_AFTER_SEND, 0),
         },
         max_crash_after=profile.max_crash_after,
         rng=rng,
+        push=profile.push_jobs > 0,
+        spread_seconds=profile.load_seconds * 0.9,
     )
+    target = push_app if profile.push_jobs else app
     jobs = plan(
         messages=profile.messages, poison=profile.poison, malformed=profile.malformed, rng=rng
     )
+    push_jobs, devices = plan_pushes(profile.push_jobs, rng)
+    jobs += push_jobs
+    rng.shuffle(jobs)
+    fakes = FakeProviders(devices, workdir) if devices else None
     unique_local = sum(1 for j in jobs if j.kind is JobKind.LOCAL)
     expected_dead = profile.poison + profile.malformed
-    watcher = DeadLetterWatcher(rabbit.url, [LOCAL_QUEUE, POISON_QUEUE])
+    watcher = DeadLetterWatcher(rabbit.url, list(target.specs))
     publisher = ResilientPublisher(rabbit.url)
     probe = _Probe(postgres.url)
     injector = Injector(
@@ -154,13 +187,18 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         pg_proxy=pg_proxy,
         rng=rng,
         journal=workdir / "faults.log",
+        drop_http2=fakes.drop_connections if fakes else None,
     )
     ok = False
+    stack = contextlib.AsyncExitStack()
     try:
         say(f"profile={profile.name} seed={seed} workdir={workdir}")
         postgres.init()
         await asyncio.gather(rabbit.start(), postgres.start())
-        await _prepare(postgres, rabbit)
+        await _prepare(postgres, rabbit, target)
+        if fakes is not None:
+            await stack.enter_async_context(fakes)
+            fleet.env.update(fakes.worker_env())
         await amqp_proxy.start()
         await pg_proxy.start()
         say(
@@ -172,7 +210,8 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         events = timeline(profile.faults, profile.load_seconds, rng)
         say(
             f"{len(jobs)} publishes ({unique_local} distinct local jobs, {profile.poison} poison,"
-            f" {profile.malformed} malformed) over {profile.load_seconds:.0f} s;"
+            f" {profile.malformed} malformed, {len(push_jobs)} push jobs to {len(devices)}"
+            f" devices) over {profile.load_seconds:.0f} s;"
             f" {len(events)} scheduled faults, {profile.workers} workers"
         )
 
@@ -200,8 +239,10 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
                 probe,
                 watcher,
                 rabbit.url,
+                target,
                 unique_local=unique_local,
                 expected_dead=expected_dead,
+                devices=len(devices),
                 seconds=profile.drain_seconds,
             )
         finally:
@@ -213,14 +254,18 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         await watcher.drain()
         connection = await aio_pika.connect(rabbit.url)
         try:
-            stuck = await count_stuck(await connection.channel(), app)
+            stuck = await count_stuck(await connection.channel(), target)
         finally:
             await connection.close()
         conn = await asyncpg.connect(postgres.url)
         try:
             effects = await effect_counts(conn)
+            status = await ledger_status(conn)
         finally:
             await conn.close()
+        push = check_pushes(devices, fakes.requests(), status) if fakes else None
+        if push is not None:
+            injector.record_scripts(push.scripts_served)
         findings = check(
             jobs=jobs,
             effects=effects,
@@ -229,9 +274,10 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
             first_sent=publisher.first_sent,
             stuck=stuck,
         )
-        ok = findings.ok
+        ok = findings.ok and (push is None or push.ok)
         return Outcome(
             findings=findings,
+            push=push,
             faults=injector.log,
             fleet=fleet.counts,
             published=publisher.published,
@@ -241,6 +287,7 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         )
     finally:
         fleet.kill_now()
+        await stack.aclose()
         await probe.close()
         await watcher.stop()
         await publisher.close()
@@ -260,9 +307,11 @@ async def _drain(
     probe: _Probe,
     watcher: DeadLetterWatcher,
     amqp_url: str,
+    target: App,
     *,
     unique_local: int,
     expected_dead: int,
+    devices: int,
     seconds: float,
 ) -> None:
     """Wait until every job is accounted for and the queues stay empty, or `seconds` pass."""
@@ -274,10 +323,13 @@ async def _drain(
         if done is None or done < unique_local or len(watcher.seen) < expected_dead:
             empty_since = None
             continue
+        if devices and await probe.unsettled_pushes(devices) != 0:
+            empty_since = None
+            continue
         try:
             connection = await aio_pika.connect(amqp_url, timeout=5)
             try:
-                ready = await count_stuck(await connection.channel(), app)
+                ready = await count_stuck(await connection.channel(), target)
             finally:
                 await connection.close()
         except Exception:

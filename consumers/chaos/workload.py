@@ -31,9 +31,10 @@ TENANTS = ("acme", "globex", "initech")
 
 class JobKind(StrEnum):
     LOCAL = "local"
-    DUPLICATE = "duplicate"  # an exact copy of a local job, published again
+    DUPLICATE = "duplicate"  # an exact copy of a local or push job, published again
     POISON = "poison"
     MALFORMED = "malformed"
+    PUSH = "push"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
