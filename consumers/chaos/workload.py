@@ -127,7 +127,9 @@ class ResilientPublisher:
     def __init__(self, url: str, *, window: int = 100) -> None:
         self.url = url
         self.window = window
-        self.first_sent: dict[tuple[str, str], float] = {}  # (queue, message_id) -> monotonic
+        # (queue, message_id) -> monotonic time of its first confirmed publish:
+        # from then on the broker has it (an outage before that is not its wait).
+        self.first_sent: dict[tuple[str, str], float] = {}
         self.published = 0  # confirmed publishes
         self.republished = 0  # attempts after a failure
         self._connection: aio_pika.abc.AbstractConnection | None = None
@@ -155,7 +157,6 @@ class ResilientPublisher:
 
     async def publish(self, job: Job) -> None:
         """Until the broker confirms it, whatever happens to the broker."""
-        self.first_sent.setdefault((job.queue, job.message_id), time.monotonic())
         attempts = 0
         while True:
             exchange = await self._ensure()
@@ -171,6 +172,7 @@ class ResilientPublisher:
                 continue
             if isinstance(confirm, Basic.Ack):
                 self.published += 1
+                self.first_sent.setdefault((job.queue, job.message_id), time.monotonic())
                 return
             self.republished += 1  # nacked or returned: again, same message_id
             await asyncio.sleep(0.2)
