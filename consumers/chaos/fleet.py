@@ -231,7 +231,10 @@ class Fleet:
         if slot.sent is signal.SIGKILL:
             return 0.3
         if slot.sent is signal.SIGTERM:
-            if code == -signal.SIGTERM:
+            if code == -signal.SIGKILL and slot.armed is not None:
+                # Its armed crash point fired in the batch it finished on the way out.
+                self.counts.crashed_at[str(slot.armed)] += 1
+            elif code == -signal.SIGTERM:
                 self.counts.terms_while_starting += 1
             elif code != 0:
                 self.counts.unclean_terms += 1
