@@ -7,9 +7,10 @@ A push cannot share our transaction, so the ledger brackets it:
    (a redelivered job instead leases the targets not yet sent). COMMIT;
 2. no transaction open: send every leased target, concurrently, with those
    ids and the collapse ids set;
-3. one transaction records each answer (`sent` with the provider's id,
-   `failed` with the reason, or back to `claimed` to retry) and runs the
-   `on_invalid_token` hook for dead tokens. COMMIT, then ack.
+3. as the answers come, record them (`sent` with the provider's id, `failed`
+   with the reason, or back to `claimed` to retry) and run the
+   `on_invalid_token` hook for dead tokens: one transaction takes every answer
+   that arrived while the previous one committed. Once all are in, ack.
 
 A crash between the provider accepting and step 3's commit leaves the row
 `sending`; once its lease expires a redelivery applies the UnknownOutcome
@@ -27,6 +28,7 @@ import random
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -143,16 +145,12 @@ class PushRunner:
         pending = [i for i in items if i.verdict is None]
         sends = await self._with_reruns(lambda: self._claim(pending, jobs), pending)
         if sends:
-            await self._send(sends)
-            if await self._with_reruns(lambda: self._record(sends), []):
-                self._judge(sends)
-            else:
-                # Answers not recorded: the rows stay `sending` under our lease.
-                # Come back once it has expired; the policy then decides.
-                for send in sends:
-                    send.item.verdict = retry(
-                        "ledger_unavailable", delay=self.push.lease_seconds + 1.0
-                    )
+            unrecorded = await self._send_and_record(sends)
+            self._judge(sends)
+            for send in unrecorded:
+                # Its answer is not recorded: the row stays `sending` under our
+                # lease. Come back once that expired; the policy then decides.
+                send.item.verdict = retry("ledger_unavailable", delay=self.push.lease_seconds + 1)
         for item in pending:
             if item.verdict is None:  # claimed before, every target already answered
                 item.verdict = DUPLICATE
@@ -245,14 +243,43 @@ class PushRunner:
             ids=send_ids(dedupe_key_text(key), device.token, collapse_key=job.collapse_key),
         )
 
-    async def _send(self, sends: list[_Send]) -> None:
-        """Step 2: every leased target at once; no transaction is open."""
-        answers = await asyncio.gather(
-            *(self.provider.send(s.job.push_for(s.device), s.ids) for s in sends),
-            return_exceptions=True,
-        )
-        for send, answer in zip(sends, answers, strict=True):
+    async def _send_and_record(self, sends: list[_Send]) -> list[_Send]:
+        """Steps 2 and 3, overlapped; returns the sends whose answers were not recorded.
+
+        Every leased target is sent at once, with no transaction open, and the
+        answers are recorded as they come: each recording transaction takes
+        every answer that arrived while the previous one ran (group commit).
+        A crash then re-sends only what was in flight, not the whole batch.
+        """
+        answered: list[_Send] = []
+        arrived = asyncio.Event()
+
+        async def send_one(send: _Send) -> None:
+            answer: ProviderReceipt | BaseException
+            try:
+                answer = await self.provider.send(send.job.push_for(send.device), send.ids)
+            except Exception as exc:  # translated by _result; a provider bug is unknown
+                answer = exc
             send.result = self._result(send, answer)
+            answered.append(send)
+            arrived.set()
+
+        tasks = [asyncio.create_task(send_one(send)) for send in sends]
+        unrecorded: list[_Send] = []
+        recorded = 0
+        try:
+            while recorded < len(sends):
+                await arrived.wait()
+                arrived.clear()
+                group = answered[:]
+                answered.clear()
+                recorded += len(group)
+                if group and not await self._with_reruns(partial(self._record, group), []):
+                    unrecorded += group
+        finally:
+            # Never cancel a send on the wire; an error above waits for them.
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return unrecorded
 
     def _result(self, send: _Send, answer: ProviderReceipt | BaseException) -> SendResult:
         target = send.target
@@ -287,7 +314,7 @@ class PushRunner:
         )
 
     async def _record(self, sends: list[_Send]) -> list[_Send]:
-        """Step 3: record every answer and prune dead tokens, in one transaction."""
+        """Step 3: record these answers and prune dead tokens, in one transaction."""
         results = [s.result for s in sends if s.result is not None]
         async with self.pool.acquire() as conn:
             tx = conn.transaction()

@@ -345,8 +345,9 @@ async def test_worker_killed_after_provider_accepted_sends_at_most_once_more_wit
     await wait_declared(AMQP_URL, queue_name)
     await publisher.publish(queue_name, job(IOS, ANDROID), message_id="crash-in-send")
     assert await first.wait(timeout=30) == -signal.SIGKILL
-    assert len(fake_apns.requests_for(IOS.token)) == 1  # accepted, not recorded
-    assert {s for _, s, _ in await ledger(pruned)} == {"sending"}
+    answered = len(fake_apns.requests_for(IOS.token)) + len(fake_fcm.requests_for(ANDROID.token))
+    assert answered >= 1  # the answer being recorded when it died
+    assert {s for _, s, _ in await ledger(pruned)} == {"sending"}  # nothing recorded
 
     second = spawn_push({"TEST_LEASE_SECONDS": "1"})
     await wait_for(lambda: all_settled(pruned, 2), timeout=30)
@@ -354,11 +355,13 @@ async def test_worker_killed_after_provider_accepted_sends_at_most_once_more_wit
     assert await second.wait() == 0
     ios = fake_apns.requests_for(IOS.token)
     android = fake_fcm.requests_for(ANDROID.token)
-    assert len(ios) == 2 and len(android) == 2  # one crash in send: one extra each at most
-    assert ios[0].apns_id == ios[1].apns_id
-    assert ios[0].collapse_id == ios[1].collapse_id
-    fcm_messages = [r.message for r in android]
-    assert fcm_messages[0]["android"]["collapse_key"] == fcm_messages[1]["android"]["collapse_key"]
+    # The crash hit while the first answer was being recorded: that device got
+    # one extra send; the other had its request on the wire (one extra) or not
+    # yet (none). Never more than one extra per device, always the same ids.
+    assert {len(ios), len(android)} <= {1, 2}
+    assert len(ios) + len(android) >= 3
+    assert len({(r.apns_id, r.collapse_id) for r in ios}) == 1
+    assert len({r.message["android"]["collapse_key"] for r in android}) == 1
     assert await ledger(pruned) == [(IOS.token, "sent", 2), (ANDROID.token, "sent", 2)]
 
 
