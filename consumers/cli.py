@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 import sys
 from collections.abc import Sequence
@@ -61,11 +62,27 @@ async def _cleanup(settings: Settings, keep_days: float, batch_size: int) -> int
 async def _run(target: str, settings: Settings) -> int:
     app = load_app(target)
     worker = Worker(app, settings)
-    await worker.start()
+    # Handlers go in before start(), which can take a while when a service is
+    # slow to answer: a SIGTERM then abandons the start and closes what it opened.
+    stop_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(worker.stop()))
-    await worker.wait_stopped()
+        loop.add_signal_handler(sig, stop_requested.set)
+    starting = asyncio.create_task(worker.start())
+    waiting = asyncio.create_task(stop_requested.wait())
+    try:
+        done, _ = await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        if starting in done:
+            starting.result()  # a failed start raises here
+            await waiting  # consume until SIGTERM or SIGINT
+        else:
+            log.info("start_abandoned", reason="stop requested while starting")
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+    finally:
+        waiting.cancel()
+        await worker.stop()
     return 0
 
 

@@ -15,7 +15,14 @@ import asyncpg
 from consumers import Publisher
 from dedupe import DbConnection, available_migrations, quote_ident
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
-from tests.support import ROOT, drain_dead_letters, settle, wait_declared, wait_for
+from tests.support import (
+    ROOT,
+    WorkerProcess,
+    drain_dead_letters,
+    settle,
+    wait_declared,
+    wait_for,
+)
 
 
 async def _count(db: DbConnection, sql: str) -> int:
@@ -202,3 +209,32 @@ async def test_migrations_run_by_four_processes_at_once_make_one_schema(schema: 
 
 async def _has(db: DbConnection, n: int) -> bool:
     return await _count(db, "SELECT count(*) FROM processed_messages") >= n
+
+
+async def test_sigterm_while_starting_abandons_the_start_and_exits_cleanly(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    held: list[asyncio.StreamWriter] = []
+
+    async def never_answer(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accept the connection, say nothing: a database that hangs
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    env = {**worker_env, "DATABASE_URL": f"postgresql://postgres@127.0.0.1:{port}/postgres"}
+    worker = WorkerProcess("tests.apps.effects:app", env, tmp_path / "starting.log")
+    try:
+        await wait_for(lambda: _connected(held), timeout=30)  # start() is under way
+        worker.terminate()
+        assert await worker.wait(timeout=15) == 0
+        assert "start_abandoned" in worker.log_text()
+    finally:
+        worker.stop_now()
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def _connected(held: list[asyncio.StreamWriter]) -> bool:
+    return bool(held)
