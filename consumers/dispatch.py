@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+PUBLISH_TRIES = 5  # over about 7 s, long enough for a robust channel to come back
 ERROR_HEADER = "x-error"
 QUEUE_HEADER = "x-original-queue"
 
@@ -93,17 +94,24 @@ class Dispatcher:
             type=delivery.type,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
-        try:
-            await self._exchange.publish(message, routing_key=routing_key)
-        except Exception as exc:
-            log.error(
-                "republish_failed",
-                consumer=spec.queue,
-                message_id=delivery.message_id,
-                routing_key=routing_key,
-                error=repr(exc),
-            )
-            raise
+        for attempt in range(1, PUBLISH_TRIES + 1):
+            try:
+                await self._exchange.publish(message, routing_key=routing_key)
+                return
+            except Exception as exc:
+                # Mostly the confirm channel reconnecting after a broker restart:
+                # wait for it rather than handing the message back to the queue,
+                # where every return counts toward the delivery-limit.
+                if attempt == PUBLISH_TRIES:
+                    log.error(
+                        "republish_failed",
+                        consumer=spec.queue,
+                        message_id=delivery.message_id,
+                        routing_key=routing_key,
+                        error=repr(exc),
+                    )
+                    raise
+                await asyncio.sleep(0.25 * 2**attempt)
 
     def _log_outcome(self, spec: HandlerSpec, item: Item, now: float) -> None:
         verdict = item.verdict
