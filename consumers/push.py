@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 MAX_RERUNS = 10
+RECORD_WINDOW_SECONDS = 0.05  # how long answers gather before a recording transaction
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,12 +248,16 @@ class PushRunner:
         """Steps 2 and 3, overlapped; returns the sends whose answers were not recorded.
 
         Every leased target is sent at once, with no transaction open, and the
-        answers are recorded as they come: each recording transaction takes
-        every answer that arrived while the previous one ran (group commit).
-        A crash then re-sends only what was in flight, not the whole batch.
+        answers are recorded as they come: a recording transaction takes every
+        answer that arrived within RECORD_WINDOW_SECONDS of the first one not
+        yet recorded, or while the previous transaction ran (group commit). A
+        crash then re-sends only what was in flight or not yet recorded, and a
+        slow send does not hold back the records of the fast ones.
         """
         answered: list[_Send] = []
         arrived = asyncio.Event()
+        everything = asyncio.Event()
+        remaining = len(sends)
 
         async def send_one(send: _Send) -> None:
             answer: ProviderReceipt | BaseException
@@ -263,6 +268,10 @@ class PushRunner:
             send.result = self._result(send, answer)
             answered.append(send)
             arrived.set()
+            nonlocal remaining
+            remaining -= 1
+            if remaining == 0:
+                everything.set()
 
         tasks = [asyncio.create_task(send_one(send)) for send in sends]
         unrecorded: list[_Send] = []
@@ -270,6 +279,11 @@ class PushRunner:
         try:
             while recorded < len(sends):
                 await arrived.wait()
+                # Answers of one batch come close together: give the rest a
+                # moment, so a batch usually takes one recording transaction
+                # and a slow straggler does not hold the others' records back.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(everything.wait(), RECORD_WINDOW_SECONDS)
                 arrived.clear()
                 group = answered[:]
                 answered.clear()
