@@ -260,18 +260,19 @@ class PushRunner:
         remaining = len(sends)
 
         async def send_one(send: _Send) -> None:
-            answer: ProviderReceipt | BaseException
+            nonlocal remaining
+            answer: ProviderReceipt | BaseException = UnknownOutcomeError("send did not finish")
             try:
                 answer = await self.provider.send(send.job.push_for(send.device), send.ids)
             except Exception as exc:  # translated by _result; a provider bug is unknown
                 answer = exc
-            send.result = self._result(send, answer)
-            answered.append(send)
-            arrived.set()
-            nonlocal remaining
-            remaining -= 1
-            if remaining == 0:
-                everything.set()
+            finally:  # even cancelled, the send is counted, so the loop below ends
+                send.result = self._result(send, answer)
+                answered.append(send)
+                arrived.set()
+                remaining -= 1
+                if remaining == 0:
+                    everything.set()
 
         tasks = [asyncio.create_task(send_one(send)) for send in sends]
         unrecorded: list[_Send] = []
