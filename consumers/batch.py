@@ -18,11 +18,7 @@ the claims make a repeat harmless, and nothing is acked before a commit.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
-import random
-import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +30,7 @@ from consumers.context import Batch, Context
 from consumers.decisions import Reject, Retry
 from consumers.dispatch import Dispatcher
 from consumers.items import Delivery, Item, decode_batch
+from consumers.rerun import crash_if, rerun_after_disconnect
 from consumers.settings import CrashPoint, WorkerSettings
 from consumers.verdict import (
     CONNECTION_ERRORS,
@@ -49,10 +46,6 @@ from consumers.verdict import (
 from dedupe import Claim, ClaimOutcome, DbConnection, Inbox
 
 log = structlog.get_logger(__name__)
-
-# Re-runs of one batch after connection loss before its messages go to the
-# delay tiers instead (a message that breaks the connection must not loop).
-MAX_BATCH_RERUNS = 10
 
 
 class _HandlerFailed(Exception):
@@ -86,31 +79,14 @@ class BatchRunner:
         """Decide, commit and acknowledge every delivery of the batch."""
         items = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
         pending = [i for i in items if i.verdict is None]
-        reruns = 0
-        while pending:
-            try:
-                await self._transact(pending)
-                break
-            except CONNECTION_ERRORS as exc:
-                # Rolled back, or the commit's outcome is unknown: either way
-                # nothing was acked, and a re-run's claims tell what committed.
-                for item in pending:
-                    item.verdict = None
-                reruns += 1
-                if reruns >= MAX_BATCH_RERUNS:
-                    for item in pending:
-                        item.verdict = retry("database_unavailable", error=describe(exc))
-                    break
-                delay = random.uniform(0, min(5.0, 0.1 * 2**reruns))
-                log.warning(
-                    "batch_rerun",
-                    consumer=self.spec.queue,
-                    size=len(pending),
-                    error=describe(exc),
-                    delay=round(delay, 3),
-                )
-                await asyncio.sleep(delay)
-        self._crash_if(CrashPoint.AFTER_COMMIT)
+        if pending:
+            await rerun_after_disconnect(
+                lambda: self._transact(pending),
+                pending,
+                consumer=self.spec.queue,
+                event="batch_rerun",
+            )
+        crash_if(self.settings, CrashPoint.AFTER_COMMIT, self.batches)
         self.batches += 1
         await self.dispatcher.settle(self.spec, items)
 
@@ -150,7 +126,7 @@ class BatchRunner:
                     await self.inbox.release(conn, [i.envelope.key for i in failed if i.envelope])
                 else:
                     await self._effects_fast(conn, fresh)
-                self._crash_if(CrashPoint.BEFORE_COMMIT)
+                crash_if(self.settings, CrashPoint.BEFORE_COMMIT, self.batches)
             except BaseException:
                 await _rollback_quietly(tx)
                 raise
@@ -252,12 +228,6 @@ class BatchRunner:
         if isinstance(exc, self.spec.retry.retry_on):
             return retry("handler_error", error=describe(exc))
         return dead("handler_error", error=describe(exc))
-
-    def _crash_if(self, point: CrashPoint) -> None:
-        """Fault injection for crash tests: SIGKILL this process at `point`."""
-        if self.settings.crash_at is point and self.batches >= self.settings.crash_after_batches:
-            log.warning("crash_injected", point=str(point), batches=self.batches)
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 async def _rollback_quietly(tx: Any) -> None:

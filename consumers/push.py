@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import random
-import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -37,8 +34,9 @@ import structlog
 from consumers.dispatch import Dispatcher
 from consumers.items import Delivery, Item, decode_batch
 from consumers.push_job import InvalidPushJob, PushJob, parse_push_job
+from consumers.rerun import crash_if, rerun_after_disconnect
 from consumers.settings import CrashPoint, WorkerSettings
-from consumers.verdict import CONNECTION_ERRORS, DUPLICATE, EFFECT, REUSED, dead, describe, retry
+from consumers.verdict import DUPLICATE, EFFECT, REUSED, dead, describe, retry
 from dedupe import (
     Claim,
     ClaimOutcome,
@@ -69,7 +67,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-MAX_RERUNS = 10
 RECORD_WINDOW_SECONDS = 0.05  # how long answers gather before a recording transaction
 
 
@@ -144,7 +141,7 @@ class PushRunner:
                 except InvalidPushJob as exc:
                     item.verdict = dead("invalid_push_job", error=str(exc))
         pending = [i for i in items if i.verdict is None]
-        sends = await self._with_reruns(lambda: self._claim(pending, jobs), pending)
+        sends = await self._rerun(lambda: self._claim(pending, jobs), pending) or []
         if sends:
             unrecorded = await self._send_and_record(sends)
             self._judge(sends)
@@ -155,32 +152,16 @@ class PushRunner:
         for item in pending:
             if item.verdict is None:  # claimed before, every target already answered
                 item.verdict = DUPLICATE
-        self._crash_if(CrashPoint.AFTER_COMMIT)
+        crash_if(self.settings, CrashPoint.AFTER_COMMIT, self.batches)
         self.batches += 1
         await self.dispatcher.settle(self.spec, items)
 
-    async def _with_reruns(
+    async def _rerun(
         self, step: Callable[[], Awaitable[list[_Send]]], items: list[Item]
-    ) -> list[_Send]:
-        """Run a transaction step, again after a lost connection (nothing was acked).
-
-        Returns the step's sends; after the last failed rerun, [] (and `items`
-        go to a delay tier).
-        """
-        for rerun in range(1, MAX_RERUNS + 1):
-            try:
-                return await step()
-            except CONNECTION_ERRORS as exc:
-                if rerun == MAX_RERUNS:
-                    for item in items:
-                        item.verdict = retry("database_unavailable", error=describe(exc))
-                    return []
-                for item in items:
-                    item.verdict = None
-                delay = random.uniform(0, min(5.0, 0.1 * 2**rerun))
-                log.warning("push_step_rerun", consumer=self.spec.queue, error=describe(exc))
-                await asyncio.sleep(delay)
-        return []
+    ) -> list[_Send] | None:
+        return await rerun_after_disconnect(
+            step, items, consumer=self.spec.queue, event="push_step_rerun"
+        )
 
     async def _claim(self, items: list[Item], jobs: dict[int, PushJob]) -> list[_Send]:
         """Step 1: claim jobs, write or lease their targets; commit before any send."""
@@ -289,7 +270,7 @@ class PushRunner:
                 group = answered[:]
                 answered.clear()
                 recorded += len(group)
-                if group and not await self._with_reruns(partial(self._record, group), []):
+                if group and not await self._rerun(partial(self._record, group), []):
                     unrecorded += group
         finally:
             # Never cancel a send on the wire; an error above waits for them.
@@ -340,7 +321,7 @@ class PushRunner:
                 for send in sends:
                     if hook is not None and send.dead_token and send.target in recorded:
                         await hook(conn, self._dead_token(send))
-                self._crash_if(CrashPoint.AFTER_SEND)
+                crash_if(self.settings, CrashPoint.AFTER_SEND, self.batches)
             except BaseException:
                 with contextlib.suppress(Exception):
                     await tx.rollback()
@@ -409,9 +390,3 @@ class PushRunner:
                 retry_after=send.retry_after,
                 **fields,
             )
-
-    def _crash_if(self, point: CrashPoint) -> None:
-        """Fault injection for crash tests: SIGKILL this process at `point`."""
-        if self.settings.crash_at is point and self.batches >= self.settings.crash_after_batches:
-            log.warning("crash_injected", point=str(point), batches=self.batches)
-            os.kill(os.getpid(), signal.SIGKILL)
