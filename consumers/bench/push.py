@@ -25,16 +25,14 @@ import statistics
 import sys
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import aio_pika
 import asyncpg
-from aio_pika.message import IncomingMessage
 
 from consumers.app import App
+from consumers.bench.stopwatch import Stopwatch
 from consumers.logs import configure_logging
 from consumers.publisher import job_message
 from consumers.push_job import push_job_body
@@ -80,57 +78,6 @@ class Results:
 
     def median(self, value: Callable[[Timing], float]) -> float:
         return statistics.median(value(t) for t in self.runs)
-
-
-class AckClock:
-    """Delivery and ack moment of every message, taken around aio-pika's IncomingMessage."""
-
-    def __init__(self, expected: int) -> None:
-        self.expected = expected
-        self.done = asyncio.Event()
-        self.latencies: list[float] = []
-        self.first = 0.0
-        self.last = 0.0
-        self._pending: dict[int, deque[tuple[int, float]]] = {}
-
-    def delivered(self, channel: object, tag: int) -> None:
-        now = time.perf_counter()
-        self.first = self.first or now
-        self._pending.setdefault(id(channel), deque()).append((tag, now))
-
-    def acked(self, channel: object, tag: int, multiple: bool) -> None:
-        now = time.perf_counter()
-        pending = self._pending.get(id(channel), deque())
-        while pending and (pending[0][0] <= tag if multiple else pending[0][0] == tag):
-            self.latencies.append(now - pending.popleft()[1])
-        self.last = now
-        if len(self.latencies) >= self.expected:
-            self.done.set()
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[AckClock]:
-        """A measuring instrument, on aio-pika's message class for this run only."""
-        original_init: Callable[..., None] = IncomingMessage.__init__
-        original_ack: Callable[..., Any] = IncomingMessage.ack
-        clock = self
-
-        def init(message: IncomingMessage, *args: Any, **kwargs: Any) -> None:
-            original_init(message, *args, **kwargs)
-            if message.delivery_tag:
-                clock.delivered(args[0].channel, message.delivery_tag)
-
-        async def ack(message: IncomingMessage, multiple: bool = False) -> None:
-            channel = message.channel
-            await original_ack(message, multiple)
-            clock.acked(channel, message.delivery_tag or 0, multiple)
-
-        IncomingMessage.__init__ = init  # type: ignore[method-assign, assignment]
-        IncomingMessage.ack = ack  # type: ignore[method-assign, assignment]
-        try:
-            yield self
-        finally:
-            IncomingMessage.__init__ = original_init  # type: ignore[method-assign]
-            IncomingMessage.ack = original_ack  # type: ignore[method-assign]
 
 
 def push_app(queue: str, apns: ApnsSettings) -> App:
@@ -183,7 +130,8 @@ async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int)
         await publish_jobs(channel, queue, sends)
         fake.forget()
         say(f"{sends:,} jobs published; worker starting ({setup.label})")
-        clock = AckClock(sends)
+        clock = Stopwatch()
+        clock.reset(sends)
         with clock.installed():
             cpu = time.process_time()
             worker = Worker(push_app(queue, fake.settings), settings)
@@ -204,11 +152,11 @@ async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int)
                 f"push_bench: wrong outcome: {row[0]} of {row[1]} rows sent, {row[2]} sends"
                 f" recorded, {requests} requests at the fake, {sends} jobs"
             )
-        latencies = sorted(clock.latencies)
+        timing = clock.timing()
         return Timing(
-            sends_per_s=sends / (clock.last - clock.first),
-            p50_ms=statistics.median(latencies) * 1000,
-            p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+            sends_per_s=timing.rate,
+            p50_ms=timing.p50_ms,
+            p99_ms=timing.p99_ms,
             cpu_us_per_send=cpu / sends * 1e6,
             duplicates=requests - distinct_ids,
         )
