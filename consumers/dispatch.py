@@ -41,11 +41,15 @@ class Dispatcher:
         self.log_effects = log_effects
 
     async def settle(self, spec: HandlerSpec, items: Sequence[Item]) -> None:
-        moves = [self._move(spec, item) for item in items if _needs_move(item)]
-        results = await asyncio.gather(*moves, return_exceptions=True) if moves else []
+        movers = [item for item in items if _needs_move(item)]
+        results = (
+            await asyncio.gather(*(self._move(spec, i) for i in movers), return_exceptions=True)
+            if movers
+            else []
+        )
         unsettled = {
             id(item)
-            for item, result in zip([i for i in items if _needs_move(i)], results, strict=True)
+            for item, result in zip(movers, results, strict=True)
             if isinstance(result, BaseException)
         }
         now = time.monotonic()

@@ -44,7 +44,7 @@ log = structlog.get_logger(__name__)
 class BatchLoop:
     """One channel's deliveries, settled one batch at a time."""
 
-    def __init__(self, runner: BatchRunner | PushRunner, max_batch: int) -> None:
+    def __init__(self, runner: Runner, max_batch: int) -> None:
         self.runner = runner
         self.max_batch = max_batch
         self.buffer: deque[Delivery] = deque()
