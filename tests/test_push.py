@@ -24,6 +24,7 @@ from consumers.envelope import REASON_HEADER
 from dedupe import DbConnection
 from providers import ApnsProvider, FcmProvider, Platform, PlatformRouter, Provider, Target
 from providers.fakes.apns import FakeApns
+from providers.fakes.env import fakes_env
 from providers.fakes.fcm import FakeFcm
 from tests.apps.push_app import FAST_RETRY
 from tests.conftest import AMQP_URL, Spawn
@@ -299,19 +300,7 @@ async def test_invalid_push_job_is_dead_lettered_with_its_reason(
 def push_env(
     worker_env: dict[str, str], fake_apns: FakeApns, fake_fcm: FakeFcm, tmp_path: Path
 ) -> dict[str, str]:
-    key_file = tmp_path / "apns-key.p8"
-    key = fake_apns.settings().key
-    assert key is not None
-    key_file.write_text(key)
-    return {
-        **worker_env,
-        "TEST_APNS_PORT": str(fake_apns.port),
-        "TEST_APNS_CA_FILE": str(fake_apns.ca_file),
-        "TEST_APNS_KEY_FILE": str(key_file),
-        "TEST_FCM_BASE_URL": fake_fcm.base_url,
-        "TEST_FCM_SERVICE_ACCOUNT": str(fake_fcm.service_account_file),
-        "TEST_FCM_PROJECT": fake_fcm.project_id,
-    }
+    return {**worker_env, **fakes_env(fake_apns, fake_fcm, tmp_path, "TEST_")}
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ up as a second row for the same key instead of being hidden by an error.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from consumers.app import App
 from consumers.context import Context
@@ -64,32 +63,9 @@ async def always_fail(ctx: Context) -> None:
 
 async def fake_providers() -> Provider:
     """APNs and FCM providers pointed at the chaos run's fakes."""
-    from providers import ApnsProvider, ApnsSettings, FcmProvider, FcmSettings, PlatformRouter
+    from providers.fakes.env import router_from_env
 
-    env = os.environ
-    key = Path(env["CHAOS_APNS_KEY_FILE"]).read_text()  # noqa: ASYNC240 - once, at start
-    return PlatformRouter(
-        apns=ApnsProvider(
-            ApnsSettings(
-                topic="com.example.app",
-                key=key,
-                key_id="FAKEKEY123",
-                team_id="FAKETEAM12",
-                host="127.0.0.1",
-                port=int(env["CHAOS_APNS_PORT"]),
-                ca_file=env["CHAOS_APNS_CA_FILE"],
-                timeout_seconds=PROVIDER_TIMEOUT_S,
-            )
-        ),
-        fcm=FcmProvider(
-            FcmSettings(
-                credentials=env["CHAOS_FCM_SERVICE_ACCOUNT"],
-                project_id=env["CHAOS_FCM_PROJECT"],
-                base_url=env["CHAOS_FCM_BASE_URL"],
-                timeout_seconds=PROVIDER_TIMEOUT_S,
-            )
-        ),
-    )
+    return router_from_env(os.environ, "CHAOS_", timeout_seconds=PROVIDER_TIMEOUT_S)
 
 
 def _build(*, push: bool) -> App:

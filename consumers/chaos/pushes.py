@@ -35,6 +35,7 @@ from consumers.push_job import push_job_body
 from dedupe import DbConnection
 from providers import Platform, Target
 from providers.fakes.apns import FakeApns
+from providers.fakes.env import fakes_env
 from providers.fakes.fcm import FakeFcm
 
 
@@ -168,18 +169,7 @@ class FakeProviders:
 
     def worker_env(self) -> dict[str, str]:
         """What `consumers.chaos.app.fake_providers` reads to reach the fakes."""
-        key = self.apns.settings().key
-        assert key is not None
-        key_file = self.workdir / "apns-key.p8"
-        key_file.write_text(key)
-        return {
-            "CHAOS_APNS_PORT": str(self.apns.port),
-            "CHAOS_APNS_CA_FILE": str(self.apns.ca_file),
-            "CHAOS_APNS_KEY_FILE": str(key_file),
-            "CHAOS_FCM_BASE_URL": self.fcm.base_url,
-            "CHAOS_FCM_SERVICE_ACCOUNT": str(self.fcm.service_account_file),
-            "CHAOS_FCM_PROJECT": self.fcm.project_id,
-        }
+        return fakes_env(self.apns, self.fcm, self.workdir, "CHAOS_")
 
     def requests(self) -> dict[str, list[str]]:
         """Token -> the collapse id of every request the fakes read, in order."""

@@ -10,7 +10,6 @@ when the worker builds its provider, not at import.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from consumers.app import App
 from consumers.context import Context
@@ -36,32 +35,9 @@ async def record_shipment(ctx: Context) -> None:
 
 async def fake_providers() -> Provider:
     """APNs and FCM providers pointed at the demo's fakes."""
-    from providers import ApnsProvider, ApnsSettings, FcmProvider, FcmSettings, PlatformRouter
+    from providers.fakes.env import router_from_env
 
-    env = os.environ
-    key = Path(env["DEMO_APNS_KEY_FILE"]).read_text()  # noqa: ASYNC240 - once, at start
-    return PlatformRouter(
-        apns=ApnsProvider(
-            ApnsSettings(
-                topic="com.example.app",
-                key=key,
-                key_id="FAKEKEY123",
-                team_id="FAKETEAM12",
-                host="127.0.0.1",
-                port=int(env["DEMO_APNS_PORT"]),
-                ca_file=env["DEMO_APNS_CA_FILE"],
-                timeout_seconds=5.0,
-            )
-        ),
-        fcm=FcmProvider(
-            FcmSettings(
-                credentials=env["DEMO_FCM_SERVICE_ACCOUNT"],
-                project_id=env["DEMO_FCM_PROJECT"],
-                base_url=env["DEMO_FCM_BASE_URL"],
-                timeout_seconds=5.0,
-            )
-        ),
-    )
+    return router_from_env(os.environ, "DEMO_", timeout_seconds=5.0)
 
 
 async def prune_device(tx: DbConnection, dead: DeadToken) -> None:

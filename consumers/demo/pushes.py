@@ -18,6 +18,7 @@ from consumers.push_job import push_job_body
 from dedupe import DbConnection
 from providers import Platform, Target
 from providers.fakes.apns import FakeApns
+from providers.fakes.env import fakes_env
 from providers.fakes.fcm import FakeFcm
 
 
@@ -80,18 +81,7 @@ class DemoFakes:
 
     def worker_env(self) -> dict[str, str]:
         """What `consumers.demo.app.fake_providers` reads to reach the fakes."""
-        key = self.apns.settings().key
-        assert key is not None
-        key_file = Path(self._dir.name) / "apns-key.p8"
-        key_file.write_text(key)
-        return {
-            "DEMO_APNS_PORT": str(self.apns.port),
-            "DEMO_APNS_CA_FILE": str(self.apns.ca_file),
-            "DEMO_APNS_KEY_FILE": str(key_file),
-            "DEMO_FCM_BASE_URL": self.fcm.base_url,
-            "DEMO_FCM_SERVICE_ACCOUNT": str(self.fcm.service_account_file),
-            "DEMO_FCM_PROJECT": self.fcm.project_id,
-        }
+        return fakes_env(self.apns, self.fcm, Path(self._dir.name), "DEMO_")
 
     def requests(self) -> list[tuple[str, str]]:
         """(token, collapse id) of every request either fake read."""

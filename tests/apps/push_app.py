@@ -7,11 +7,11 @@ in the environment; `pruned_devices` records what `on_invalid_token` saw.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from consumers import App, DeadToken, RetryPolicy, UnknownOutcome
 from dedupe import DbConnection
-from providers import ApnsProvider, ApnsSettings, FcmProvider, FcmSettings, PlatformRouter, Provider
+from providers import Provider
+from providers.fakes.env import router_from_env
 
 FAST_RETRY = RetryPolicy(max_attempts=5, base_seconds=0.2, tiers_seconds=(0.2, 0.5, 1.0, 2.0))
 
@@ -19,29 +19,8 @@ app = App(retry=FAST_RETRY)
 
 
 async def build_provider() -> Provider:
-    env = os.environ
-    key = Path(env["TEST_APNS_KEY_FILE"]).read_text()  # noqa: ASYNC240 - once, at start
-    apns = ApnsProvider(
-        ApnsSettings(
-            topic="com.example.app",
-            key=key,
-            key_id="FAKEKEY123",
-            team_id="FAKETEAM12",
-            host="127.0.0.1",
-            port=int(env["TEST_APNS_PORT"]),
-            ca_file=env["TEST_APNS_CA_FILE"],
-            timeout_seconds=float(env.get("TEST_PROVIDER_TIMEOUT", "5")),
-        )
-    )
-    fcm = FcmProvider(
-        FcmSettings(
-            credentials=env["TEST_FCM_SERVICE_ACCOUNT"],
-            project_id=env["TEST_FCM_PROJECT"],
-            base_url=env["TEST_FCM_BASE_URL"],
-            timeout_seconds=float(env.get("TEST_PROVIDER_TIMEOUT", "5")),
-        )
-    )
-    return PlatformRouter(apns=apns, fcm=fcm)
+    timeout = float(os.environ.get("TEST_PROVIDER_TIMEOUT", "5"))
+    return router_from_env(os.environ, "TEST_", timeout_seconds=timeout)
 
 
 async def prune(tx: DbConnection, dead: DeadToken) -> None:

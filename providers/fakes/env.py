@@ -1,0 +1,65 @@
+"""Hand the fakes to a worker process: their addresses as environment, and back.
+
+A test, the demo or the chaos run serves the fakes in its own process and
+starts workers as child processes; `fakes_env` writes where the fakes listen
+(and the APNs signing key, as a file) into variables under a prefix, and the
+worker's provider factory calls `router_from_env` with the same prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from providers.apns import ApnsProvider, ApnsSettings
+from providers.fakes.apns import FakeApns
+from providers.fakes.fcm import FakeFcm
+from providers.fcm import FcmProvider, FcmSettings
+from providers.routing import PlatformRouter
+
+
+def fakes_env(apns: FakeApns, fcm: FakeFcm, key_dir: Path, prefix: str) -> dict[str, str]:
+    """Variables `router_from_env(env, prefix)` reads to reach `apns` and `fcm`."""
+    key = apns.settings().key
+    assert key is not None
+    key_file = key_dir / "apns-key.p8"
+    key_file.write_text(key)
+    return {
+        f"{prefix}APNS_PORT": str(apns.port),
+        f"{prefix}APNS_CA_FILE": str(apns.ca_file),
+        f"{prefix}APNS_KEY_FILE": str(key_file),
+        f"{prefix}FCM_BASE_URL": fcm.base_url,
+        f"{prefix}FCM_SERVICE_ACCOUNT": str(fcm.service_account_file),
+        f"{prefix}FCM_PROJECT": fcm.project_id,
+    }
+
+
+def router_from_env(
+    env: Mapping[str, str], prefix: str, *, timeout_seconds: float
+) -> PlatformRouter:
+    """APNs and FCM providers pointed at the fakes `fakes_env` described.
+
+    Call it inside the running event loop (aioapns needs one).
+    """
+    return PlatformRouter(
+        apns=ApnsProvider(
+            ApnsSettings(
+                topic="com.example.app",
+                key=Path(env[f"{prefix}APNS_KEY_FILE"]).read_text(),
+                key_id="FAKEKEY123",
+                team_id="FAKETEAM12",
+                host="127.0.0.1",
+                port=int(env[f"{prefix}APNS_PORT"]),
+                ca_file=env[f"{prefix}APNS_CA_FILE"],
+                timeout_seconds=timeout_seconds,
+            )
+        ),
+        fcm=FcmProvider(
+            FcmSettings(
+                credentials=env[f"{prefix}FCM_SERVICE_ACCOUNT"],
+                project_id=env[f"{prefix}FCM_PROJECT"],
+                base_url=env[f"{prefix}FCM_BASE_URL"],
+                timeout_seconds=timeout_seconds,
+            )
+        ),
+    )
