@@ -19,6 +19,7 @@ import os
 import secrets
 import socket
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aio_pika
@@ -197,15 +198,14 @@ class Worker:
             unsettled = sum(len(loop.buffer) for loop in self._loops)
             if pending or unsettled:
                 log.warning("shutdown_grace_exceeded", unsettled=unsettled)
+        # Everything delivered is settled or left to redelivery by now: a close
+        # that fails is logged and the rest still closes.
         if self._connection is not None:
-            await self._connection.close()
+            await _close_logged("amqp_connection", self._connection.close)
         for provider in self._providers.values():
-            try:
-                await provider.aclose()
-            except Exception:
-                log.exception("provider_close_failed", provider=provider.name)
+            await _close_logged(f"provider:{provider.name}", provider.aclose)
         if self.pool is not None:
-            await self.pool.close()
+            await _close_logged("database_pool", self.pool.close)
         log.info("worker_stopped", worker=self.worker_id)
         self._closed.set()
 
@@ -219,6 +219,23 @@ class Worker:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.stop()
+
+
+async def _close_logged(what: str, close: Callable[[], Awaitable[object]]) -> None:
+    """Await `close()`; log a failure with its traceback instead of raising it.
+
+    A CancelledError that is not a cancellation of this task (a library
+    handing its closing future's exception on) counts as a failure too.
+    """
+    try:
+        await close()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        log.error("close_failed", what=what, exc_info=True)
+    except Exception:
+        log.exception("close_failed", what=what)
 
 
 async def create_pool(

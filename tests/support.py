@@ -83,6 +83,15 @@ class WorkerProcess:
         self._log.close()
         return self.proc.returncode
 
+    async def expect_exit(self, code: int, timeout: float = 30.0) -> None:
+        """Wait for the exit; on any other exit status fail with the end of the worker's log."""
+        got = await self.wait(timeout)
+        if got != code:
+            tail = "\n".join(self.log_text().splitlines()[-60:])
+            raise AssertionError(
+                f"worker {self.pid} exited {got}, expected {code}; its log ends:\n{tail}"
+            )
+
     def stop_now(self) -> None:
         """Cleanup: kill if still running, reap, close the log."""
         if self.proc.poll() is None:

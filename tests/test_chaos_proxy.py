@@ -104,7 +104,7 @@ async def test_worker_resumes_consuming_after_its_broker_connection_is_reset(
     rows = await db.fetch("SELECT message_id, count(*) AS c FROM effects GROUP BY 1")
     assert len(rows) == 20 and all(r["c"] == 1 for r in rows)
     worker.terminate()
-    assert await worker.wait() == 0
+    await worker.expect_exit(0)
     assert await drain_dead_letters(channel, queue_name) == []
 
 

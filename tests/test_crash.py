@@ -53,7 +53,7 @@ async def test_worker_killed_inside_handler_before_commit_applies_effect_once(
     await wait_for(holding, timeout=30)
     # The INSERT ran inside the open transaction; kill before COMMIT.
     first.kill()
-    assert await first.wait() == -signal.SIGKILL
+    await first.expect_exit(-signal.SIGKILL)
     assert await _effects(db) == 0  # rolled back with the process
 
     # The redelivered message has hold_s too; this worker does not hold.
@@ -86,7 +86,7 @@ async def test_worker_killed_after_commit_before_ack_applies_effect_once(
     await wait_for(lambda: _has(db, 50), timeout=30)
     await settle(lambda: _effects(db), quiet=1.0)
     second.terminate()
-    assert await second.wait() == 0
+    await second.expect_exit(0)
     per_message = await db.fetch(
         "SELECT message_id, count(*) AS c FROM effects GROUP BY message_id"
     )
@@ -122,7 +122,8 @@ async def test_message_published_concurrently_to_four_competing_workers_applies_
     await settle(lambda: _effects(db), quiet=1.5)
     for worker in workers:
         worker.terminate()
-    assert [await w.wait() for w in workers] == [0, 0, 0, 0]
+    for worker in workers:
+        await worker.expect_exit(0)
     per_message = await db.fetch(
         "SELECT message_id, count(*) AS c FROM effects GROUP BY message_id"
     )
@@ -159,8 +160,8 @@ async def test_sigterm_under_load_loses_nothing_and_doubles_nothing(
     await settle(lambda: _effects(db), quiet=1.5)
     other.terminate()
     replacement.terminate()
-    assert await other.wait() == 0
-    assert await replacement.wait() == 0
+    await other.expect_exit(0)
+    await replacement.expect_exit(0)
     per_message = await db.fetch(
         "SELECT message_id, count(*) AS c FROM effects GROUP BY message_id"
     )

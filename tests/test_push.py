@@ -341,7 +341,7 @@ async def test_worker_killed_after_provider_accepted_sends_at_most_once_more_wit
     second = spawn_push({"TEST_LEASE_SECONDS": "1"})
     await wait_for(lambda: all_settled(pruned, 2), timeout=30)
     second.terminate()
-    assert await second.wait() == 0
+    await second.expect_exit(0)
     ios = fake_apns.requests_for(IOS.token)
     android = fake_fcm.requests_for(ANDROID.token)
     # The crash hit while the first answer was being recorded: that device got
@@ -382,7 +382,8 @@ async def test_same_push_job_delivered_to_four_workers_sends_once_per_target(
     await settle(lambda: _request_count(fake_apns), quiet=1.5)
     for worker in workers:
         worker.terminate()
-    assert [await w.wait() for w in workers] == [0, 0, 0, 0]
+    for worker in workers:
+        await worker.expect_exit(0)
     assert all(len(fake_apns.requests_for(t)) == 1 for t in tokens), [
         len(fake_apns.requests_for(t)) for t in tokens
     ]
