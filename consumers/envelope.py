@@ -9,7 +9,6 @@ reason string; bad input is dead-lettered at once, never retried.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -18,7 +17,7 @@ from typing import Any
 import aio_pika
 import orjson
 
-from dedupe import DedupeKey, fingerprint
+from dedupe import DedupeKey, fingerprint, is_plain
 
 MAX_MESSAGE_ID_BYTES = 128
 TENANT_HEADER = "x-tenant"
@@ -58,24 +57,29 @@ class Envelope:
         return self.key.tenant
 
 
-# A number token of 19 digits or more: orjson reads ints past 64 bits as floats.
-_LONG_NUMBER = re.compile(rb"(?:^|[\[:,])\s*-?\d{19}")
+def loads_plain(raw: bytes) -> tuple[Any, bool]:
+    """`json.loads(raw)`, through orjson when that gives the same value (~5x
+    faster), and whether the value is plain (`dedupe.is_plain`).
+
+    orjson refuses what the standard library is lenient about (NaN, 1e400,
+    lone surrogates, UTF-16), and reads ints past 64 bits as floats. So a body
+    orjson refuses, or whose value holds a float, is read again by the
+    standard library, which has the last word: what is valid JSON, and its
+    value, do not change. The type walk that tells is the one the fingerprint
+    needs anyway.
+    """
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw), False
+    if is_plain(value):
+        return value, True
+    return json.loads(raw), False
 
 
 def loads_json(raw: bytes) -> Any:
-    """`json.loads(raw)`, through orjson when that gives the same value (~3x faster).
-
-    orjson refuses what the standard library is lenient about (NaN, 1e400,
-    lone surrogates, UTF-16) and reads ints past 64 bits as floats (which would
-    change the fingerprint): those bodies go to the standard library, which
-    has the last word, so what is valid JSON, and its value, do not change.
-    """
-    if _LONG_NUMBER.search(raw) is None:
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(raw)
+    """`json.loads(raw)`, through orjson where that gives the same value."""
+    return loads_plain(raw)[0]
 
 
 def attempt_of(message: aio_pika.abc.AbstractIncomingMessage) -> int:
@@ -107,13 +111,13 @@ def decode(
     if not isinstance(tenant, str) or len(tenant.encode()) > MAX_MESSAGE_ID_BYTES:
         return BadInput.BAD_TENANT
     try:
-        body = loads_json(message.body)
+        body, plain = loads_plain(message.body)
     except (ValueError, UnicodeDecodeError):
         return BadInput.INVALID_JSON
     if not isinstance(body, dict):
         return BadInput.BODY_NOT_OBJECT
     try:
-        digest = fingerprinter(body) if fingerprinter else fingerprint(body)
+        digest = fingerprinter(body) if fingerprinter else fingerprint(body, plain=plain)
     except ValueError:  # NaN or Infinity: not JSON we can compare
         return BadInput.INVALID_JSON
     return Envelope(

@@ -2,7 +2,7 @@
 
 from dedupe.connection import DbConnection
 from dedupe.errors import DedupeError, MigrationError, SchemaMissing
-from dedupe.fingerprint import canonical_json, fingerprint
+from dedupe.fingerprint import canonical_json, fingerprint, is_plain
 from dedupe.inbox import Claim, ClaimOutcome, DedupeKey, Inbox
 from dedupe.ledger import (
     SendIntent,
@@ -39,6 +39,7 @@ __all__ = [
     "check_schema",
     "cleanup",
     "fingerprint",
+    "is_plain",
     "migrate",
     "quote_ident",
 ]

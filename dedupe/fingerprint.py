@@ -23,8 +23,12 @@ import orjson
 _PLAIN = (str, int, bool, type(None))
 
 
-def _orjson_safe(value: Any) -> bool:
-    """True when orjson's sorted output is byte-identical to `json.dumps`'s."""
+def is_plain(value: Any) -> bool:
+    """True when `value` is only dicts with str keys, lists, str, int, bool and None.
+
+    Then orjson's sorted output is byte-identical to `json.dumps`'s, and a
+    value orjson decoded holds no int it had to read as a float.
+    """
     stack = [value]
     pop, push = stack.pop, stack.append
     while stack:
@@ -48,9 +52,12 @@ def _standard_json(value: Any) -> bytes:
     ).encode()
 
 
-def canonical_json(value: Any) -> bytes:
-    """Serialise `value` as canonical JSON bytes (sorted keys, no spaces)."""
-    if _orjson_safe(value):
+def canonical_json(value: Any, *, plain: bool | None = None) -> bytes:
+    """Serialise `value` as canonical JSON bytes (sorted keys, no spaces).
+
+    `plain`: what `is_plain(value)` says, when the caller has asked already.
+    """
+    if plain if plain is not None else is_plain(value):
         try:
             return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
         except (TypeError, orjson.JSONEncodeError):
@@ -58,6 +65,6 @@ def canonical_json(value: Any) -> bytes:
     return _standard_json(value)
 
 
-def fingerprint(value: Any) -> bytes:
+def fingerprint(value: Any, *, plain: bool | None = None) -> bytes:
     """The 32-byte SHA-256 of `canonical_json(value)`."""
-    return hashlib.sha256(canonical_json(value)).digest()
+    return hashlib.sha256(canonical_json(value, plain=plain)).digest()
