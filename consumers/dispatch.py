@@ -19,6 +19,7 @@ import aio_pika
 import structlog
 
 from consumers.envelope import ATTEMPT_HEADER, NO_MESSAGE_ID_HEADER, REASON_HEADER, attempt_of
+from consumers.logs import OutcomeLines, outcome_lines
 from consumers.retry import dead_letter_queue, tier_queue
 from consumers.verdict import Outcome
 
@@ -53,10 +54,13 @@ class Dispatcher:
             if isinstance(result, BaseException)
         }
         now = time.monotonic()
+        lines = outcome_lines()
         for item in items:
             if id(item) in unsettled:
                 continue
-            self._log_outcome(spec, item, now)
+            self._log_outcome(spec, item, now, lines)
+        if lines is not None:
+            lines.flush()
         await _acknowledge(items, unsettled)
 
     async def _move(self, spec: HandlerSpec, item: Item) -> None:
@@ -117,7 +121,9 @@ class Dispatcher:
                     raise
                 await asyncio.sleep(0.25 * 2**attempt)
 
-    def _log_outcome(self, spec: HandlerSpec, item: Item, now: float) -> None:
+    def _log_outcome(
+        self, spec: HandlerSpec, item: Item, now: float, lines: OutcomeLines | None
+    ) -> None:
         verdict = item.verdict
         assert verdict is not None
         envelope = item.envelope
@@ -139,7 +145,14 @@ class Dispatcher:
             fields["error"] = verdict.error
         if item.tier is not None:
             fields["delay_s"] = item.tier
-        if outcome in (Outcome.EFFECT_COMMITTED, Outcome.DUPLICATE_IGNORED):
+        level = (
+            "info"
+            if outcome in (Outcome.EFFECT_COMMITTED, Outcome.DUPLICATE_IGNORED)
+            else "warning"
+        )
+        if lines is not None:
+            lines.line(str(outcome), level, fields)
+        elif level == "info":
             log.info(str(outcome), **fields)
         else:
             log.warning(str(outcome), **fields)

@@ -6,7 +6,14 @@ line, a text stream) cost about 20 us a line to a file on the bench machine,
 as much as the rest of our per-message work. The JSON path here renders with
 orjson (falling back to json.dumps for what orjson refuses, such as an int
 past 64 bits), formats the timestamp's date and time once per second, and
-writes bytes: the same keys and values, one line per call, about 10 us.
+writes bytes: the same keys and values, one line per call, about 15 us.
+
+The outcome lines (one per message) can go faster still: `outcome_lines()`
+renders them without structlog's processor chain, the same bytes the chain
+would write (a test holds it to that), and writes a batch's lines with one
+write. It does so only while structlog holds the JSON set-up made here and
+no context variables are bound; otherwise it answers None and the lines go
+through structlog.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import json
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import orjson
@@ -50,6 +58,59 @@ def _dumps(value: Any, default: Any = None) -> bytes:
         return json.dumps(value, default=default).encode()
 
 
+@dataclass(frozen=True, slots=True)
+class _JsonSetup:
+    """What configure_logging handed structlog in JSON mode."""
+
+    processors: tuple[structlog.typing.Processor, ...]  # a copy: capture_logs edits the list
+    file: BinaryIO
+    min_level: int
+    stamp: IsoTimestamp
+
+
+_json_setup: _JsonSetup | None = None
+_LEVELS = logging.getLevelNamesMapping()
+
+
+class OutcomeLines:
+    """One batch's outcome lines, rendered as the JSON chain would, written at once."""
+
+    __slots__ = ("_chunks", "_setup")
+
+    def __init__(self, setup: _JsonSetup) -> None:
+        self._setup = setup
+        self._chunks: list[bytes] = []
+
+    def line(self, event: str, level: str, fields: dict[str, Any]) -> None:
+        """Queue `fields` (taken over) as the line `log.<level>(event, **fields)` writes."""
+        if _LEVELS[level.upper()] < self._setup.min_level:
+            return
+        # The chain's key order: the call's fields, event, level, timestamp.
+        fields["event"] = event
+        fields["level"] = level
+        self._setup.stamp(None, level, fields)
+        self._chunks.append(_dumps(fields))
+
+    def flush(self) -> None:
+        if self._chunks:
+            self._chunks.append(b"")
+            self._setup.file.write(b"\n".join(self._chunks))
+            self._setup.file.flush()
+            self._chunks.clear()
+
+
+def outcome_lines() -> OutcomeLines | None:
+    """The fast path for a batch's outcome lines, or None: log through structlog."""
+    setup = _json_setup
+    if (
+        setup is None
+        or tuple(structlog.get_config()["processors"]) != setup.processors
+        or structlog.contextvars.get_contextvars()
+    ):
+        return None
+    return OutcomeLines(setup)
+
+
 def configure_logging(
     level: str = "info", *, json: bool | None = None, file: BinaryIO | None = None
 ) -> None:
@@ -64,18 +125,23 @@ def configure_logging(
         IsoTimestamp(),
         structlog.processors.format_exc_info,
     ]
+    global _json_setup
+    min_level = _LEVELS[level.upper()]
     factory: Any
     if as_json:
         shared.append(structlog.processors.JSONRenderer(serializer=_dumps))
-        factory = structlog.BytesLoggerFactory(file=file or sys.stderr.buffer)
+        out = file or sys.stderr.buffer
+        factory = structlog.BytesLoggerFactory(file=out)
+        stamp = shared[2]
+        assert isinstance(stamp, IsoTimestamp)
+        _json_setup = _JsonSetup(processors=tuple(shared), file=out, min_level=min_level, stamp=stamp)
     else:
         shared.append(structlog.dev.ConsoleRenderer())
         factory = structlog.WriteLoggerFactory(file=sys.stderr)
+        _json_setup = None
     structlog.configure(
         processors=shared,
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
+        wrapper_class=structlog.make_filtering_bound_logger(min_level),
         logger_factory=factory,
         cache_logger_on_first_use=True,
     )

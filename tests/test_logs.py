@@ -1,0 +1,128 @@
+"""Outcome lines: the fast path writes the bytes structlog's JSON chain writes."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterator
+
+import orjson
+import pytest
+import structlog
+
+from consumers import App, Context, Publisher, Settings, Worker
+from consumers.logs import configure_logging, outcome_lines
+from dedupe import DbConnection
+from tests.support import wait_for
+
+STAMP = re.compile(rb'"timestamp": ?"[^"]+"')
+
+
+@pytest.fixture
+def json_log() -> Iterator[io.BytesIO]:
+    """configure_logging's JSON set-up writing into a buffer; structlog restored after."""
+    before = structlog.get_config()
+    out = io.BytesIO()
+    configure_logging("info", json=True, file=out)
+    yield out
+    structlog.configure(**before)
+
+
+def _fields() -> dict[str, object]:
+    return {
+        "consumer": "orders",
+        "tenant": "acme",
+        "message_id": "m-1",
+        "attempt": 2,
+        "duration_ms": 3.25,
+        "reason": "handler_error",
+        "error": "ValueError: ünïcode",
+        "big": 2**70,  # orjson refuses it: both fall back to json.dumps
+    }
+
+
+def test_fast_lines_are_the_json_chains_bytes(json_log: io.BytesIO) -> None:
+    structlog.get_logger("t").warning("retry_scheduled", **_fields())
+    structlog.get_logger("t").info("effect_committed", **_fields())
+    by_structlog = json_log.getvalue()
+    json_log.seek(0)
+    json_log.truncate()
+
+    lines = outcome_lines()
+    assert lines is not None
+    lines.line("retry_scheduled", "warning", _fields())
+    lines.line("effect_committed", "info", _fields())
+    assert json_log.getvalue() == b""  # nothing written before flush
+    lines.flush()
+
+    assert STAMP.sub(b"", json_log.getvalue()) == STAMP.sub(b"", by_structlog)
+    assert by_structlog.count(b"\n") == 2
+
+
+def test_fast_lines_honour_the_configured_level() -> None:
+    before = structlog.get_config()
+    out = io.BytesIO()
+    configure_logging("warning", json=True, file=out)
+    try:
+        lines = outcome_lines()
+        assert lines is not None
+        lines.line("effect_committed", "info", _fields())
+        lines.line("dead_lettered", "warning", _fields())
+        lines.flush()
+    finally:
+        structlog.configure(**before)
+    events = [orjson.loads(line)["event"] for line in out.getvalue().splitlines()]
+    assert events == ["dead_lettered"]
+
+
+def test_no_fast_path_when_context_is_bound_or_structlog_reconfigured(
+    json_log: io.BytesIO,
+) -> None:
+    assert outcome_lines() is not None
+    with structlog.contextvars.bound_contextvars(request_id="r-1"):
+        assert outcome_lines() is None
+    with structlog.testing.capture_logs():
+        assert outcome_lines() is None
+    configure_logging("info", json=False)
+    assert outcome_lines() is None
+
+
+async def test_a_worker_writes_one_json_line_per_outcome(
+    json_log: io.BytesIO,
+    db: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+) -> None:
+    app = App()
+
+    @app.handler(queue_name)
+    async def record(ctx: Context) -> None:
+        await ctx.stage(
+            "INSERT INTO effects (consumer, tenant, message_id, body, worker_pid)"
+            " VALUES ($1, $2, $3, '', 0)",
+            ctx.consumer,
+            ctx.tenant,
+            ctx.message_id,
+        )
+
+    async with Worker(app, settings):
+        for n in range(3):
+            await publisher.publish(queue_name, {"n": n}, message_id=f"line-{n}")
+        await publisher.publish(queue_name, {"n": 0}, message_id="line-0")
+
+        async def logged() -> bool:
+            return json_log.getvalue().count(b'"consumer"') >= 4
+
+        await wait_for(logged, timeout=30)
+    outcomes = [
+        (line["event"], line["message_id"], line["level"])
+        for line in map(orjson.loads, json_log.getvalue().splitlines())
+        if "message_id" in line
+    ]
+    assert sorted(outcomes) == [
+        ("duplicate_ignored", "line-0", "info"),
+        ("effect_committed", "line-0", "info"),
+        ("effect_committed", "line-1", "info"),
+        ("effect_committed", "line-2", "info"),
+    ]
