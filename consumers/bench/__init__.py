@@ -152,7 +152,7 @@ def _run(main: Coroutine[Any, Any, int], loop: EventLoop) -> int:
 def main(argv: Sequence[str], settings: Settings) -> int:
     """Entry point of `idempotent-workers bench`."""
     options = parse(argv)
-    with open(options.log_file, "ab") as log_file:
+    with open(options.log_file, "wb") as log_file:
         configure_logging("info", json=True, file=log_file)
         code = _run(bench(options, settings), options.loop)
     sys.stdout.flush()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 
 from consumers.settings import QueueType
 
@@ -29,6 +31,11 @@ class EventLoop(StrEnum):
     UVLOOP = "uvloop"
 
 
+# A real file, as production writes to one (or a pipe to a collector): a
+# write to /dev/null would leave out the cost of the write itself.
+DEFAULT_LOG_FILE = str(Path(tempfile.gettempdir()) / "idempotent-workers-bench.log")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BenchOptions:
     messages: int = 20_000
@@ -38,7 +45,7 @@ class BenchOptions:
     queue_type: QueueType | None = None  # None: the worker's setting (quorum by default)
     paced_seconds: float = 10.0  # 0: no paced mode
     prefill: int = 0  # rows put in processed_messages before a second round
-    log_file: str = "/dev/null"
+    log_file: str = DEFAULT_LOG_FILE
     loop: EventLoop = EventLoop.ASYNCIO
     timeout: float = 300.0  # per run
     profile: str | None = None  # a variant to sample with py-spy while it consumes
@@ -73,7 +80,11 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         metavar="ROWS",
         help="then fill processed_messages with ROWS rows and run the framework again",
     )
-    parser.add_argument("--log-file", default="/dev/null", help="where log lines go")
+    parser.add_argument(
+        "--log-file",
+        default=DEFAULT_LOG_FILE,
+        help="where the JSON log lines go, emptied first (default: %(default)s)",
+    )
     parser.add_argument("--loop", choices=[e.value for e in EventLoop], default="asyncio")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run at most")
     parser.add_argument(
