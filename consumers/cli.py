@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
 import sys
 from collections.abc import Sequence
@@ -78,8 +77,15 @@ async def _run(target: str, settings: Settings) -> int:
         else:
             log.info("start_abandoned", reason="stop requested while starting")
             starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await starting
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:
+                # Cut short inside a library call (a channel half open, say),
+                # a start can end in that step's error rather than the
+                # cancellation: the stop was asked for, so it is not a failure.
+                log.info("start_abandoned_with_error", error=f"{type(exc).__name__}: {exc}")
     finally:
         waiting.cancel()
         await worker.stop()

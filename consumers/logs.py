@@ -134,7 +134,9 @@ def configure_logging(
         factory = structlog.BytesLoggerFactory(file=out)
         stamp = shared[2]
         assert isinstance(stamp, IsoTimestamp)
-        _json_setup = _JsonSetup(processors=tuple(shared), file=out, min_level=min_level, stamp=stamp)
+        _json_setup = _JsonSetup(
+            processors=tuple(shared), file=out, min_level=min_level, stamp=stamp
+        )
     else:
         shared.append(structlog.dev.ConsoleRenderer())
         factory = structlog.WriteLoggerFactory(file=sys.stderr)

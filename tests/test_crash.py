@@ -227,7 +227,7 @@ async def test_sigterm_while_starting_abandons_the_start_and_exits_cleanly(
     try:
         await wait_for(lambda: _connected(held), timeout=30)  # start() is under way
         worker.terminate()
-        assert await worker.wait(timeout=15) == 0
+        await worker.expect_exit(0, timeout=15)
         assert "start_abandoned" in worker.log_text()
     finally:
         worker.stop_now()
