@@ -153,7 +153,7 @@ async def test_sigterm_under_load_loses_nothing_and_doubles_nothing(
     )
     await wait_for(lambda: _has(db, 300), timeout=60)
     first.terminate()  # mid-run: it must settle what it holds and exit cleanly
-    assert await first.wait(timeout=30) == 0
+    await first.expect_exit(0, timeout=30)
     assert "worker_stopped" in first.log_text()
     replacement = spawn()
     await wait_for(lambda: _has(db, total), timeout=90)
