@@ -18,12 +18,23 @@ from tests.support import wait_for
 STAMP = re.compile(rb'"timestamp": ?"[^"]+"')
 
 
+def _configure(level: str, *, json: bool, file: io.BytesIO | None = None) -> None:
+    """configure_logging, but loggers first used in the test are not cached.
+
+    configure_logging caches a logger on first use, with the processor chain
+    of that moment: one first used here would keep this test's set-up (and
+    its buffer) in every later test, out of reach of capture_logs.
+    """
+    configure_logging(level, json=json, file=file)
+    structlog.configure(cache_logger_on_first_use=False)
+
+
 @pytest.fixture
 def json_log() -> Iterator[io.BytesIO]:
     """configure_logging's JSON set-up writing into a buffer; structlog restored after."""
     before = structlog.get_config()
     out = io.BytesIO()
-    configure_logging("info", json=True, file=out)
+    _configure("info", json=True, file=out)
     yield out
     structlog.configure(**before)
 
@@ -62,7 +73,7 @@ def test_fast_lines_are_the_json_chains_bytes(json_log: io.BytesIO) -> None:
 def test_fast_lines_honour_the_configured_level() -> None:
     before = structlog.get_config()
     out = io.BytesIO()
-    configure_logging("warning", json=True, file=out)
+    _configure("warning", json=True, file=out)
     try:
         lines = outcome_lines()
         assert lines is not None
@@ -83,7 +94,7 @@ def test_no_fast_path_when_context_is_bound_or_structlog_reconfigured(
         assert outcome_lines() is None
     with structlog.testing.capture_logs():
         assert outcome_lines() is None
-    configure_logging("info", json=False)
+    _configure("info", json=False)
     assert outcome_lines() is None
 
 
