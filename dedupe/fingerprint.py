@@ -57,7 +57,9 @@ def canonical_json(value: Any, *, plain: bool | None = None) -> bytes:
 
     `plain`: what `is_plain(value)` says, when the caller has asked already.
     """
-    if plain if plain is not None else is_plain(value):
+    if plain is None:
+        plain = is_plain(value)
+    if plain:
         try:
             return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
         except (TypeError, orjson.JSONEncodeError):
