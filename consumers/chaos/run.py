@@ -91,39 +91,34 @@ async def _prepare(postgres: PrivatePostgres, rabbit: PrivateRabbit, target: App
 
 
 class _Probe:
-    """A reconnecting read of the effect table, for progress and the drain."""
+    """Reconnecting counts of effects and settled pushes, for progress and the drain."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.conn: asyncpg.Connection | None = None
 
-    async def distinct_effects(self) -> int | None:
+    async def _count(self, sql: str, *args: object) -> int | None:
+        """`sql`'s count, or None while the database cannot be reached."""
         try:
             if self.conn is None or self.conn.is_closed():
                 self.conn = await asyncpg.connect(self.url, timeout=5)
-            value: int = await self.conn.fetchval(
-                "SELECT count(DISTINCT (tenant, message_id)) FROM chaos_effects", timeout=10
-            )
+            value: int = await self.conn.fetchval(sql, *args, timeout=10)
             return value
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
             self.conn = None
             return None
 
+    async def distinct_effects(self) -> int | None:
+        return await self._count("SELECT count(DISTINCT (tenant, message_id)) FROM chaos_effects")
+
     async def unsettled_pushes(self, devices: int) -> int | None:
         """Devices whose ledger row is missing or not yet `sent` or `failed`."""
-        try:
-            if self.conn is None or self.conn.is_closed():
-                self.conn = await asyncpg.connect(self.url, timeout=5)
-            settled: int = await self.conn.fetchval(
-                "SELECT count(*) FROM outbound_sends WHERE consumer = $1"
-                " AND status IN ('sent', 'failed')",
-                PUSH_QUEUE,
-                timeout=10,
-            )
-            return devices - settled
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
-            self.conn = None
-            return None
+        settled = await self._count(
+            "SELECT count(*) FROM outbound_sends WHERE consumer = $1"
+            " AND status IN ('sent', 'failed')",
+            PUSH_QUEUE,
+        )
+        return None if settled is None else devices - settled
 
     async def close(self) -> None:
         if self.conn is not None:
