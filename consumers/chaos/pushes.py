@@ -20,7 +20,6 @@ Every extra must carry the same collapse id as the device's first request.
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -30,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 
 from consumers.chaos.app import PROVIDER_TIMEOUT_S, PUSH_QUEUE
-from consumers.chaos.workload import TENANTS, Job, JobKind
+from consumers.chaos.workload import TENANTS, Job, JobKind, compact_json, duplicates_of
 from consumers.push_job import push_job_body
 from dedupe import DbConnection
 from providers import Platform, Target
@@ -95,19 +94,10 @@ def plan_pushes(total: int, rng: random.Random) -> tuple[list[Job], list[Device]
                 queue=PUSH_QUEUE,
                 message_id=message_id,
                 tenant=TENANTS[n % len(TENANTS)],
-                body=json.dumps(body, separators=(",", ":")).encode(),
+                body=compact_json(body),
             )
         )
-    for source in rng.choices(jobs, k=total - originals):
-        jobs.append(
-            Job(
-                kind=JobKind.DUPLICATE,
-                queue=source.queue,
-                message_id=source.message_id,
-                tenant=source.tenant,
-                body=source.body,
-            )
-        )
+    jobs += duplicates_of(jobs, total - originals, rng)
     return jobs, devices
 
 

@@ -14,6 +14,7 @@ import contextlib
 import json
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -56,8 +57,22 @@ class Job:
         )
 
 
-def _json(value: object) -> bytes:
+def compact_json(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
+
+
+def duplicates_of(sources: Sequence[Job], count: int, rng: random.Random) -> list[Job]:
+    """`count` exact re-publishes of jobs drawn from `sources`."""
+    return [
+        Job(
+            kind=JobKind.DUPLICATE,
+            queue=source.queue,
+            message_id=source.message_id,
+            tenant=source.tenant,
+            body=source.body,
+        )
+        for source in rng.choices(sources, k=count)
+    ]
 
 
 # (body, content type, message_id suffix): each is bad input with its own reason.
@@ -81,20 +96,11 @@ def plan(*, messages: int, poison: int, malformed: int, rng: random.Random) -> l
             queue=LOCAL_QUEUE,
             message_id=f"local-{n}",
             tenant=TENANTS[n % len(TENANTS)],
-            body=_json({"n": n, "amount": rng.randrange(1, 10_000)}),
+            body=compact_json({"n": n, "amount": rng.randrange(1, 10_000)}),
         )
         for n in range(originals)
     ]
-    for source in rng.choices(jobs[:originals], k=duplicates):
-        jobs.append(
-            Job(
-                kind=JobKind.DUPLICATE,
-                queue=source.queue,
-                message_id=source.message_id,
-                tenant=source.tenant,
-                body=source.body,
-            )
-        )
+    jobs += duplicates_of(jobs[:originals], duplicates, rng)
     for n in range(poison):
         jobs.append(
             Job(
@@ -102,7 +108,7 @@ def plan(*, messages: int, poison: int, malformed: int, rng: random.Random) -> l
                 queue=POISON_QUEUE,
                 message_id=f"poison-{n}",
                 tenant=TENANTS[n % len(TENANTS)],
-                body=_json({"n": n}),
+                body=compact_json({"n": n}),
             )
         )
     for n in range(malformed):
