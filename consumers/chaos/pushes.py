@@ -34,7 +34,7 @@ from consumers.push_job import push_job_body
 from dedupe import DbConnection
 from providers import Platform, Target
 from providers.fakes.apns import FakeApns
-from providers.fakes.env import fakes_env
+from providers.fakes.env import collapse_ids_sent, fakes_env
 from providers.fakes.fcm import FakeFcm
 
 
@@ -164,10 +164,8 @@ class FakeProviders:
     def requests(self) -> dict[str, list[str]]:
         """Token -> the collapse id of every request the fakes read, in order."""
         found: dict[str, list[str]] = {}
-        for a in self.apns.requests:
-            found.setdefault(a.token, []).append(a.collapse_id or "")
-        for f in self.fcm.requests:
-            found.setdefault(f.token, []).append(f.collapse_key or "")
+        for token, collapse_id in collapse_ids_sent(self.apns, self.fcm):
+            found.setdefault(token, []).append(collapse_id)
         return found
 
 

@@ -18,7 +18,7 @@ from consumers.push_job import push_job_body
 from dedupe import DbConnection
 from providers import Platform, Target
 from providers.fakes.apns import FakeApns
-from providers.fakes.env import fakes_env
+from providers.fakes.env import collapse_ids_sent, fakes_env
 from providers.fakes.fcm import FakeFcm
 
 
@@ -85,9 +85,7 @@ class DemoFakes:
 
     def requests(self) -> list[tuple[str, str]]:
         """(token, collapse id) of every request either fake read."""
-        found = [(r.token, r.collapse_id or "") for r in self.apns.requests]
-        found += [(r.token, r.collapse_key or r.topic or "") for r in self.fcm.requests]
-        return found
+        return collapse_ids_sent(self.apns, self.fcm)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,9 +1,11 @@
-"""Hand the fakes to a worker process: their addresses as environment, and back.
+"""The two fakes together: handed to a worker process, and read after a run.
 
 A test, the demo or the chaos run serves the fakes in its own process and
 starts workers as child processes; `fakes_env` writes where the fakes listen
 (and the APNs signing key, as a file) into variables under a prefix, and the
 worker's provider factory calls `router_from_env` with the same prefix.
+`collapse_ids_sent` reads back what both fakes were sent, for the checks
+that count extra pushes and compare their collapse ids.
 """
 
 from __future__ import annotations
@@ -63,3 +65,13 @@ def router_from_env(
             )
         ),
     )
+
+
+def collapse_ids_sent(apns: FakeApns, fcm: FakeFcm) -> list[tuple[str, str]]:
+    """(device token, collapse id) of every request either fake read, each fake's in order.
+
+    For FCM, the Android collapse key, else the webpush Topic ("" when none).
+    """
+    sent = [(r.token, r.collapse_id or "") for r in apns.requests]
+    sent += [(r.token, r.collapse_key or r.topic or "") for r in fcm.requests]
+    return sent
