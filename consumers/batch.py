@@ -18,7 +18,6 @@ the claims make a repeat harmless, and nothing is acked before a commit.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +29,7 @@ from consumers.context import Batch, Context
 from consumers.decisions import Reject, Retry
 from consumers.dispatch import Dispatcher
 from consumers.items import Delivery, Item, decode_batch
-from consumers.rerun import crash_if, rerun_after_disconnect
+from consumers.rerun import crash_if, rerun_after_disconnect, rollback_quietly
 from consumers.settings import CrashPoint, WorkerSettings
 from consumers.verdict import (
     CONNECTION_ERRORS,
@@ -128,7 +127,7 @@ class BatchRunner:
                     await self._effects_fast(conn, fresh)
                 crash_if(self.settings, CrashPoint.BEFORE_COMMIT, self.batches)
             except BaseException:
-                await _rollback_quietly(tx)
+                await rollback_quietly(tx)
                 raise
             await tx.commit()  # <- effects and claims are durable from here on
 
@@ -228,9 +227,3 @@ class BatchRunner:
         if isinstance(exc, self.spec.retry.retry_on):
             return retry("handler_error", error=describe(exc))
         return dead("handler_error", error=describe(exc))
-
-
-async def _rollback_quietly(tx: Any) -> None:
-    # The connection may be gone; the server rolls back on its own then.
-    with contextlib.suppress(Exception):
-        await tx.rollback()

@@ -34,7 +34,7 @@ import structlog
 from consumers.dispatch import Dispatcher
 from consumers.items import Delivery, Item, decode_batch
 from consumers.push_job import InvalidPushJob, PushJob, parse_push_job
-from consumers.rerun import crash_if, rerun_after_disconnect
+from consumers.rerun import crash_if, rerun_after_disconnect, rollback_quietly
 from consumers.settings import CrashPoint, WorkerSettings
 from consumers.verdict import DUPLICATE, EFFECT, REUSED, dead, describe, retry
 from dedupe import (
@@ -323,8 +323,7 @@ class PushRunner:
                         await hook(conn, self._dead_token(send))
                 crash_if(self.settings, CrashPoint.AFTER_SEND, self.batches)
             except BaseException:
-                with contextlib.suppress(Exception):
-                    await tx.rollback()
+                await rollback_quietly(tx)
                 raise
             await tx.commit()  # <- answers durable; only now may the jobs be acked
         for send in sends:

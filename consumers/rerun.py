@@ -1,14 +1,16 @@
 """What both runners do around their transactions: re-run after a lost
-database connection, and (crash tests only) SIGKILL at a named point."""
+database connection, roll back without raising, and (crash tests only)
+SIGKILL at a named point."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
@@ -54,6 +56,12 @@ async def rerun_after_disconnect(
             )
             await asyncio.sleep(delay)
     return None
+
+
+async def rollback_quietly(tx: Any) -> None:
+    """Roll back `tx`; the connection may be gone, and the server rolls back on its own then."""
+    with contextlib.suppress(Exception):
+        await tx.rollback()
 
 
 def crash_if(settings: WorkerSettings, point: CrashPoint, batches: int) -> None:
