@@ -70,6 +70,7 @@ class _JsonSetup:
 
 _json_setup: _JsonSetup | None = None
 _LEVELS = logging.getLevelNamesMapping()
+_LINE_LEVELS = {name.lower(): number for name, number in _LEVELS.items()}  # "info" -> 20
 
 
 class OutcomeLines:
@@ -83,7 +84,7 @@ class OutcomeLines:
 
     def line(self, event: str, level: str, fields: dict[str, Any]) -> None:
         """Queue `fields` (taken over) as the line `log.<level>(event, **fields)` writes."""
-        if _LEVELS[level.upper()] < self._setup.min_level:
+        if _LINE_LEVELS[level] < self._setup.min_level:
             return
         # The chain's key order: the call's fields, event, level, timestamp.
         fields["event"] = event
