@@ -1,14 +1,6 @@
 """The RabbitMQ side: apps and handlers, the delivery loop, retries, the CLI."""
 
-from consumers.app import (
-    App,
-    BatchHandler,
-    HandlerSpec,
-    MessageHandler,
-    ProviderFactory,
-    PushSpec,
-    load_app,
-)
+from consumers.app import App, load_app
 from consumers.context import Batch, Context
 from consumers.decisions import (
     ConfigurationError,
@@ -18,22 +10,31 @@ from consumers.decisions import (
     Retry,
 )
 from consumers.envelope import BadInput, Envelope
+from consumers.faults import NO_FAULTS, CrashPoint, Faults, NoFaults
 from consumers.publisher import Publisher, job_message
-from consumers.push import DeadToken, InvalidTokenHook
 from consumers.push_job import InvalidPushJob, PushJob, parse_push_job, push_job_body
 from consumers.retry import RetryPolicy
 from consumers.settings import (
     AmqpSettings,
-    CrashPoint,
     DatabaseSettings,
     QueueType,
     Settings,
     WorkerSettings,
 )
+from consumers.spec import (
+    BatchHandler,
+    DeadToken,
+    HandlerSpec,
+    InvalidTokenHook,
+    MessageHandler,
+    ProviderFactory,
+    PushSpec,
+)
 from consumers.worker import Worker
 from dedupe import UnknownOutcome
 
 __all__ = [
+    "NO_FAULTS",
     "AmqpSettings",
     "App",
     "BadInput",
@@ -46,11 +47,13 @@ __all__ = [
     "DatabaseSettings",
     "DeadToken",
     "Envelope",
+    "Faults",
     "HandlerDecision",
     "HandlerSpec",
     "InvalidPushJob",
     "InvalidTokenHook",
     "MessageHandler",
+    "NoFaults",
     "ProviderFactory",
     "Publisher",
     "PushJob",

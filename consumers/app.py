@@ -11,52 +11,31 @@ The queue name is also the consumer's name, the first part of every dedupe key.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from consumers.context import Batch, Context
 from consumers.decisions import ConfigurationError
 from consumers.envelope import Fingerprinter
+from consumers.faults import NO_FAULTS, Faults
 from consumers.retry import RetryPolicy
+from consumers.spec import (
+    BatchHandler,
+    HandlerSpec,
+    InvalidTokenHook,
+    MessageHandler,
+    ProviderFactory,
+    PushSpec,
+)
 from dedupe import UnknownOutcome
-from providers import Provider
-
-if TYPE_CHECKING:
-    from consumers.push import InvalidTokenHook
-
-MessageHandler = Callable[[Context], Awaitable[None]]
-BatchHandler = Callable[[Batch], Awaitable[None]]
-
-
-ProviderFactory = Callable[[], Awaitable[Provider]]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PushSpec:
-    """How a push queue sends: see `App.push_handler`."""
-
-    provider: ProviderFactory
-    on_invalid_token: InvalidTokenHook | None = None
-    unknown_outcome: UnknownOutcome = UnknownOutcome.RESEND
-    lease_seconds: float = 30.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HandlerSpec:
-    queue: str
-    handle: MessageHandler | None = None
-    handle_batch: BatchHandler | None = None
-    push: PushSpec | None = None
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    fingerprint: Fingerprinter | None = None
 
 
 class App:
     """Handlers by queue. Pass it to `Worker` or `idempotent-workers run MODULE:APP`."""
 
-    def __init__(self, *, retry: RetryPolicy | None = None) -> None:
+    def __init__(self, *, retry: RetryPolicy | None = None, faults: Faults = NO_FAULTS) -> None:
         self.retry = retry or RetryPolicy()
+        # Crash tests and the chaos app install a Faults here; production never does.
+        self.faults = faults
         self._specs: dict[str, HandlerSpec] = {}
 
     @property

@@ -24,13 +24,14 @@ from typing import Any
 import asyncpg
 import structlog
 
-from consumers.app import HandlerSpec
 from consumers.context import Batch, Context
 from consumers.decisions import Reject, Retry
 from consumers.dispatch import Dispatcher
+from consumers.faults import CrashPoint, Faults
 from consumers.items import Delivery, Item, decode_batch
-from consumers.rerun import crash_if, rerun_after_disconnect, rollback_quietly
-from consumers.settings import CrashPoint, WorkerSettings
+from consumers.rerun import rerun_after_disconnect, rollback_quietly
+from consumers.settings import WorkerSettings
+from consumers.spec import HandlerSpec
 from consumers.verdict import (
     CONNECTION_ERRORS,
     DUPLICATE,
@@ -66,13 +67,14 @@ class BatchRunner:
         inbox: Inbox,
         dispatcher: Dispatcher,
         settings: WorkerSettings,
+        faults: Faults,
     ) -> None:
         self.spec = spec
         self.pool = pool
         self.inbox = inbox
         self.dispatcher = dispatcher
         self.settings = settings
-        self.batches = 0
+        self.faults = faults
 
     async def run(self, deliveries: Sequence[Delivery]) -> None:
         """Decide, commit and acknowledge every delivery of the batch."""
@@ -85,8 +87,7 @@ class BatchRunner:
                 consumer=self.spec.queue,
                 event="batch_rerun",
             )
-        crash_if(self.settings, CrashPoint.AFTER_COMMIT, self.batches)
-        self.batches += 1
+        self.faults.reached(CrashPoint.AFTER_COMMIT)
         await self.dispatcher.settle(self.spec, items)
 
     async def _transact(self, items: list[Item]) -> None:
@@ -125,7 +126,7 @@ class BatchRunner:
                     await self.inbox.release(conn, [i.envelope.key for i in failed if i.envelope])
                 else:
                     await self._effects_fast(conn, fresh)
-                crash_if(self.settings, CrashPoint.BEFORE_COMMIT, self.batches)
+                self.faults.reached(CrashPoint.BEFORE_COMMIT)
             except BaseException:
                 await rollback_quietly(tx)
                 raise

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import signal
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 import structlog
@@ -92,6 +94,19 @@ async def _run(target: str, settings: Settings) -> int:
     return 0
 
 
+def _proving_tool(name: str) -> Any:
+    """`proving.<name>`, imported by name: the framework never imports its proving tools."""
+    try:
+        return importlib.import_module(f"proving.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.startswith("proving"):
+            raise SystemExit(
+                f"idempotent-workers: the {name} tool is not installed ({exc}); "
+                "install the idempotent-workers package with its proving tools"
+            ) from exc
+        raise
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="idempotent-workers", description=__doc__)
     parser.add_argument("--log-level", default="info")
@@ -136,20 +151,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             return asyncio.run(_run(args.target, settings))
         if args.command == "demo":
-            from consumers.demo import run_demo
-
+            run_demo = _proving_tool("demo").run_demo
             code: int = asyncio.run(
                 run_demo(settings, jobs=args.jobs, pushes=args.pushes, workers=args.workers)
             )
             return code
-        if args.command == "bench":
-            from consumers.bench import main as bench_main
-
-            return bench_main(args.args, settings)
-        if args.command == "chaos":
-            from consumers.chaos import main as chaos_main
-
-            return chaos_main(args.args, settings)
+        if args.command in ("bench", "chaos"):
+            tool_main = _proving_tool(args.command).main
+            code = tool_main(args.args, settings)
+            return code
         if args.command == "dlq":
             from consumers.deadletters import run_dlq
 

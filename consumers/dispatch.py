@@ -24,8 +24,8 @@ from consumers.retry import dead_letter_queue, tier_queue
 from consumers.verdict import Outcome
 
 if TYPE_CHECKING:
-    from consumers.app import HandlerSpec
     from consumers.items import Item
+    from consumers.spec import HandlerSpec
 
 log = structlog.get_logger(__name__)
 

@@ -14,7 +14,7 @@ from consumers.verdict import DUPLICATE, REUSED, Verdict, dead
 from dedupe import DedupeKey
 
 if TYPE_CHECKING:
-    from consumers.app import HandlerSpec
+    from consumers.spec import HandlerSpec
 
 Delivery = aio_pika.abc.AbstractIncomingMessage
 

@@ -26,21 +26,21 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 import asyncpg
 import structlog
 
 from consumers.dispatch import Dispatcher
+from consumers.faults import CrashPoint, Faults
 from consumers.items import Delivery, Item, decode_batch
 from consumers.push_job import InvalidPushJob, PushJob, parse_push_job
-from consumers.rerun import crash_if, rerun_after_disconnect, rollback_quietly
-from consumers.settings import CrashPoint, WorkerSettings
+from consumers.rerun import rerun_after_disconnect, rollback_quietly
+from consumers.settings import WorkerSettings
+from consumers.spec import DeadToken, HandlerSpec
 from consumers.verdict import DUPLICATE, EFFECT, REUSED, dead, describe, retry
 from dedupe import (
     Claim,
     ClaimOutcome,
-    DbConnection,
     DedupeKey,
     Inbox,
     SendIntent,
@@ -62,26 +62,9 @@ from providers import (
     send_ids,
 )
 
-if TYPE_CHECKING:
-    from consumers.app import HandlerSpec
-
 log = structlog.get_logger(__name__)
 
 RECORD_WINDOW_SECONDS = 0.05  # how long answers gather before a recording transaction
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeadToken:
-    """A device token the provider called bad or unregistered: prune the device."""
-
-    tenant: str
-    message_id: str
-    platform: str
-    token: str
-    reason: str
-
-
-InvalidTokenHook = Callable[[DbConnection, DeadToken], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -118,6 +101,7 @@ class PushRunner:
         provider: Provider,
         dispatcher: Dispatcher,
         settings: WorkerSettings,
+        faults: Faults,
     ) -> None:
         assert spec.push is not None
         self.spec = spec
@@ -128,7 +112,7 @@ class PushRunner:
         self.provider = provider
         self.dispatcher = dispatcher
         self.settings = settings
-        self.batches = 0
+        self.faults = faults
 
     async def run(self, deliveries: Sequence[Delivery]) -> None:
         items = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
@@ -152,8 +136,7 @@ class PushRunner:
         for item in pending:
             if item.verdict is None:  # claimed before, every target already answered
                 item.verdict = DUPLICATE
-        crash_if(self.settings, CrashPoint.AFTER_COMMIT, self.batches)
-        self.batches += 1
+        self.faults.reached(CrashPoint.AFTER_COMMIT)
         await self.dispatcher.settle(self.spec, items)
 
     async def _rerun(
@@ -321,7 +304,7 @@ class PushRunner:
                 for send in sends:
                     if hook is not None and send.dead_token and send.target in recorded:
                         await hook(conn, self._dead_token(send))
-                crash_if(self.settings, CrashPoint.AFTER_SEND, self.batches)
+                self.faults.reached(CrashPoint.AFTER_SEND)
             except BaseException:
                 await rollback_quietly(tx)
                 raise

@@ -1,21 +1,17 @@
 """What both runners do around their transactions: re-run after a lost
-database connection, roll back without raising, and (crash tests only)
-SIGKILL at a named point."""
+database connection, and roll back without raising."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
-import signal
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import structlog
 
 from consumers.items import Item
-from consumers.settings import CrashPoint, WorkerSettings
 from consumers.verdict import CONNECTION_ERRORS, describe, retry
 
 log = structlog.get_logger(__name__)
@@ -62,10 +58,3 @@ async def rollback_quietly(tx: Any) -> None:
     """Roll back `tx`; the connection may be gone, and the server rolls back on its own then."""
     with contextlib.suppress(Exception):
         await tx.rollback()
-
-
-def crash_if(settings: WorkerSettings, point: CrashPoint, batches: int) -> None:
-    """Fault injection for crash tests: SIGKILL this process at `point`."""
-    if settings.crash_at is point and batches >= settings.crash_after_batches:
-        log.warning("crash_injected", point=str(point), batches=batches)
-        os.kill(os.getpid(), signal.SIGKILL)

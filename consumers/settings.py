@@ -20,14 +20,6 @@ class QueueType(StrEnum):
     CLASSIC = "classic"
 
 
-class CrashPoint(StrEnum):
-    """Where fault injection may SIGKILL the worker (tests and chaos runs only)."""
-
-    BEFORE_COMMIT = "before_commit"  # handlers ran, the transaction is not committed
-    AFTER_COMMIT = "after_commit"  # committed, not yet acknowledged
-    AFTER_SEND = "after_send"  # the provider answered; its answer is not yet committed
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AmqpSettings:
     url: str = DEFAULT_AMQP_URL
@@ -51,8 +43,6 @@ class WorkerSettings:
     concurrency: int = 1  # channels (and batches in flight) per queue
     max_body_bytes: int = 1_048_576
     shutdown_grace_seconds: float = 30.0
-    crash_at: CrashPoint | None = None  # fault injection; never set in production
-    crash_after_batches: int = 0  # crash at `crash_at` on this batch (0: the first)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,7 +55,6 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read AMQP_URL, DATABASE_URL, DATABASE_SCHEMA and IW_* variables."""
         env = os.environ if env is None else env
-        crash = env.get("IW_CRASH_AT")
         return cls(
             amqp=AmqpSettings(
                 url=env.get("AMQP_URL", DEFAULT_AMQP_URL),
@@ -83,7 +72,5 @@ class Settings:
                 concurrency=int(env.get("IW_CONCURRENCY", "1")),
                 max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", "1048576")),
                 shutdown_grace_seconds=float(env.get("IW_SHUTDOWN_GRACE", "30")),
-                crash_at=CrashPoint(crash) if crash else None,
-                crash_after_batches=int(env.get("IW_CRASH_AFTER_BATCHES", "0")),
             ),
         )

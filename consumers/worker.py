@@ -26,13 +26,14 @@ import aio_pika
 import asyncpg
 import structlog
 
-from consumers.app import App, HandlerSpec
+from consumers.app import App
 from consumers.batch import BatchRunner
 from consumers.decisions import ConfigurationError
 from consumers.dispatch import Dispatcher
 from consumers.items import Delivery
 from consumers.push import PushRunner
 from consumers.settings import Settings
+from consumers.spec import HandlerSpec
 from consumers.topology import declare
 from dedupe import Inbox, SendLedger, check_schema, quote_ident
 from providers import Provider
@@ -169,10 +170,16 @@ class Worker:
                     provider=await self._provider(spec),
                     dispatcher=dispatcher,
                     settings=ws,
+                    faults=self.app.faults,
                 )
             else:
                 runner = BatchRunner(
-                    spec=spec, pool=self.pool, inbox=inbox, dispatcher=dispatcher, settings=ws
+                    spec=spec,
+                    pool=self.pool,
+                    inbox=inbox,
+                    dispatcher=dispatcher,
+                    settings=ws,
+                    faults=self.app.faults,
                 )
             loop = BatchLoop(runner, ws.max_batch)
             loop.queue = queue

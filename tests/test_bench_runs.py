@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from consumers import Settings
-from consumers.bench import bench
-from consumers.bench.options import DEFAULT_VARIANTS, parse
-from consumers.bench.stopwatch import Stopwatch
-from consumers.bench.workload import job
+from proving.bench import bench
+from proving.bench.options import DEFAULT_VARIANTS, parse
+from proving.bench.stopwatch import Stopwatch
+from proving.bench.workload import job
 
 
 async def test_every_variant_consumes_everything_once(

@@ -17,8 +17,8 @@ import asyncpg
 import pytest
 
 from consumers import Publisher
-from consumers.chaos.proxy import FaultProxy
 from dedupe import DbConnection, quote_ident
+from proving.chaos.proxy import FaultProxy
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
 from tests.support import drain_dead_letters, settle, wait_for
 

@@ -72,7 +72,7 @@ async def test_worker_killed_after_commit_before_ack_applies_effect_once(
     spawn: Spawn,
     channel: aio_pika.abc.AbstractChannel,
 ) -> None:
-    first = spawn({"IW_CRASH_AT": "after_commit"})
+    first = spawn({"PROVING_CRASH_AT": "after_commit"})
     await wait_declared(AMQP_URL, queue_name)
     for n in range(50):
         await publisher.publish(queue_name, {"n": n}, message_id=f"order-{n}")

@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-PACKAGES = ["consumers", "dedupe", "providers"]
+PACKAGES = ["consumers", "dedupe", "providers", "providers.fakes"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aio_pika
@@ -33,18 +33,6 @@ from tests.support import WorkerProcess, drain_dead_letters, settle, wait_declar
 IOS = Target(platform=Platform.IOS, token="ios-token-aaaaaaaaaaaa")
 IOS_2 = Target(platform=Platform.IOS, token="ios-token-bbbbbbbbbbbb")
 ANDROID = Target(platform=Platform.ANDROID, token="android-token-cccccccc")
-
-
-@pytest.fixture
-async def fake_apns() -> AsyncIterator[FakeApns]:
-    async with FakeApns() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def fake_fcm() -> AsyncIterator[FakeFcm]:
-    async with FakeFcm() as fake:
-        yield fake
 
 
 @pytest.fixture
@@ -330,7 +318,7 @@ async def test_worker_killed_after_provider_accepted_sends_at_most_once_more_wit
     fake_apns: FakeApns,
     fake_fcm: FakeFcm,
 ) -> None:
-    first = spawn_push({"IW_CRASH_AT": "after_send", "TEST_LEASE_SECONDS": "1"})
+    first = spawn_push({"PROVING_CRASH_AT": "after_send", "TEST_LEASE_SECONDS": "1"})
     await wait_declared(AMQP_URL, queue_name)
     await publisher.publish(queue_name, job(IOS, ANDROID), message_id="crash-in-send")
     assert await first.wait(timeout=30) == -signal.SIGKILL

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+from collections.abc import MutableMapping
+from typing import Any
 
 import pytest
 import structlog
@@ -64,7 +66,7 @@ async def test_ack_on_a_channel_lost_after_commit_is_left_to_redelivery(
 
     with structlog.testing.capture_logs() as logs:
         effects = await _drop_connection_mid_batch(
-            app, settings, publisher, queue_name, db, runs, release
+            app, settings, publisher, queue_name, db, runs, release, logs
         )
     events = [entry["event"] for entry in logs]
     assert "ack_failed" in events  # the path under test was taken...
@@ -83,6 +85,7 @@ async def _drop_connection_mid_batch(
     db: DbConnection,
     runs: list[int],
     release: asyncio.Event,
+    logs: list[MutableMapping[str, Any]],
 ) -> int:
     async with Worker(app, settings) as worker:
         await publisher.publish(queue_name, {"n": 1}, message_id="survives-a-reconnect")
@@ -96,8 +99,13 @@ async def _drop_connection_mid_batch(
             return bool(await db.fetchval("SELECT count(*) FROM processed_messages") == 1)
 
         await wait_for(processed, timeout=30)
-        # After the robust reconnect the broker redelivers; the claim makes it a duplicate.
-        await asyncio.sleep(3.0)
+
+        # After the robust reconnect (aio-pika waits its reconnect interval,
+        # 5 s by default) the broker redelivers; the claim makes it a duplicate.
+        async def redelivered() -> bool:
+            return any(entry["event"] == "duplicate_ignored" for entry in logs)
+
+        await wait_for(redelivered, timeout=60)
         effects = await settle(lambda: _effects(db), quiet=1.0)
     assert isinstance(effects, int)
     return effects

@@ -12,10 +12,11 @@ import os
 from pathlib import Path
 
 from consumers import App, Context, RetryPolicy
+from proving.faults import SigkillAt
 
 FAST_RETRY = RetryPolicy(max_attempts=3, base_seconds=0.2, tiers_seconds=(0.2, 0.5, 1.0))
 
-app = App(retry=FAST_RETRY)
+app = App(retry=FAST_RETRY, faults=SigkillAt.from_env(os.environ))
 
 
 @app.handler(os.environ.get("TEST_QUEUE", "effects"))

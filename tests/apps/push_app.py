@@ -12,10 +12,11 @@ from consumers import App, DeadToken, RetryPolicy, UnknownOutcome
 from dedupe import DbConnection
 from providers import Provider
 from providers.fakes.env import router_from_env
+from proving.faults import SigkillAt
 
 FAST_RETRY = RetryPolicy(max_attempts=5, base_seconds=0.2, tiers_seconds=(0.2, 0.5, 1.0, 2.0))
 
-app = App(retry=FAST_RETRY)
+app = App(retry=FAST_RETRY, faults=SigkillAt.from_env(os.environ))
 
 
 async def build_provider() -> Provider:

@@ -12,23 +12,11 @@ from providers.fakes.fcm import FakeFcm
 
 
 @pytest.fixture
-async def fake_apns() -> AsyncIterator[FakeApns]:
-    async with FakeApns() as fake:
-        yield fake
-
-
-@pytest.fixture
 async def apns(fake_apns: FakeApns) -> AsyncIterator[ApnsProvider]:
     """An ApnsProvider on one connection to the fake, with a 2 s timeout."""
     provider = ApnsProvider(fake_apns.settings(timeout_seconds=2.0, max_connections=1))
     yield provider
     await provider.aclose()
-
-
-@pytest.fixture
-async def fake_fcm() -> AsyncIterator[FakeFcm]:
-    async with FakeFcm() as fake:
-        yield fake
 
 
 @pytest.fixture

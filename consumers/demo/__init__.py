@@ -1,5 +1,0 @@
-"""`idempotent-workers demo`: crashes and duplicates in, exactly-once effects out."""
-
-from consumers.demo.run import run_demo
-
-__all__ = ["run_demo"]

@@ -1,0 +1,34 @@
+"""pytest fixtures for your own tests: `fake_apns` and `fake_fcm`, served on 127.0.0.1.
+
+Load it from a conftest.py with `pytest_plugins = ["providers.fakes.pytest_plugin"]`
+(or `pytest -p providers.fakes.pytest_plugin`); it needs pytest-asyncio.
+Each fixture serves a fresh fake for one test and stops it after:
+
+    async def test_welcome_push(fake_apns: FakeApns) -> None:
+        provider = ApnsProvider(fake_apns.settings())
+        ...
+        assert len(fake_apns.requests_for(token)) == 1
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest_asyncio
+
+from providers.fakes.apns import FakeApns
+from providers.fakes.fcm import FakeFcm
+
+
+@pytest_asyncio.fixture
+async def fake_apns() -> AsyncIterator[FakeApns]:
+    """A fake APNs (HTTP/2 over TLS with its own CA); `fake_apns.settings()` reaches it."""
+    async with FakeApns() as fake:
+        yield fake
+
+
+@pytest_asyncio.fixture
+async def fake_fcm() -> AsyncIterator[FakeFcm]:
+    """A fake FCM HTTP v1 with OAuth; `fake_fcm.settings()` reaches it."""
+    async with FakeFcm() as fake:
+        yield fake

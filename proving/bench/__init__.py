@@ -1,0 +1,159 @@
+"""`idempotent-workers bench`: our worker beside the broker's bare speed and its rivals.
+
+In one process, on the services of AMQP_URL and DATABASE_URL, in a schema
+and a queue of its own (dropped after): for each variant, pre-publish
+--messages persistent ~300-byte JSON jobs, then time first delivery to last
+ack and every message's delivery-to-ack latency; variants interleaved,
+--repeats runs each, medians. Then a paced mode (p99 at half the framework's
+rate, load from another process) and, with --prefill ROWS, the framework
+again over a processed_messages of that many rows.
+
+Everything is measured in the bench process, the same way for every variant
+(`proving.bench.stopwatch`); the last line of the table is the summary:
+
+    bench: ceiling=… naive=… faststream=… framework=… framework_batch=… framework/ceiling=…
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import sys
+from collections.abc import Coroutine, Sequence
+from dataclasses import replace
+from typing import Any
+
+import aio_pika
+import asyncpg
+
+from consumers.logs import configure_logging
+from consumers.settings import Settings
+from proving.bench.options import PACED_VARIANTS, PREFILL_VARIANTS, BenchOptions, EventLoop, parse
+from proving.bench.prefill import prefill
+from proving.bench.profile import top
+from proving.bench.report import paced_line, prefill_line, summary, table
+from proving.bench.rounds import Rounds, say
+from proving.bench.sandbox import Sandbox
+from proving.bench.stopwatch import Stopwatch, Timing
+from proving.bench.variant import Variant
+
+
+def catalog(names: Sequence[str]) -> list[Variant]:
+    """The variants called `names`, in that order; FastStream's only if installed."""
+    from proving.bench import bare, ours
+
+    known = {v.name: v for v in (*bare.VARIANTS, *ours.VARIANTS)}
+    try:
+        from proving.bench import rival
+    except ImportError:
+        say("faststream is not installed (pip install 'idempotent-workers[bench]'): skipped")
+    else:
+        known.update({v.name: v for v in rival.VARIANTS})
+    return [known[name] for name in names if name in known]
+
+
+async def _versions(admin: asyncpg.Connection, connection: Any) -> str:
+    postgres = await admin.fetchval("SHOW server_version")
+    try:
+        props = connection.transport.connection.server_properties
+        rabbit = props["version"]
+        rabbit = rabbit.decode() if isinstance(rabbit, bytes) else rabbit
+    except (AttributeError, KeyError, TypeError):
+        rabbit = "?"
+    return (
+        f"python {platform.python_version()}, {os.cpu_count()} cores,"
+        f" RabbitMQ {rabbit}, PostgreSQL {postgres}, aio-pika {aio_pika.__version__}"
+    )
+
+
+async def bench(options: BenchOptions, settings: Settings) -> int:
+    amqp = replace(settings.amqp, queue_type=options.queue_type or settings.amqp.queue_type)
+    sandbox = Sandbox.fresh(amqp)
+    worker_settings = Settings(
+        amqp=amqp,
+        database=replace(settings.database, schema=sandbox.schema),
+        worker=replace(settings.worker, prefetch=options.prefetch),
+    )
+    variants = catalog(options.variants)
+    admin = await asyncpg.connect(settings.database.url)
+    connection = await aio_pika.connect(amqp.url)
+    wrong: list[str] = []
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        await sandbox.create(admin, channel)
+        say(f"bench: {await _versions(admin, connection)}, event loop {options.loop}")
+        say(
+            f"bench: {options.messages:,} messages per run, {options.repeats} runs per variant,"
+            f" {amqp.queue_type} queue, prefetch {options.prefetch},"
+            f" logs to {options.log_file}, schema {sandbox.schema}"
+        )
+        with Stopwatch().installed() as watch:
+            rounds = Rounds(
+                options=options,
+                settings=worker_settings,
+                sandbox=sandbox,
+                admin=admin,
+                channel=channel,
+                watch=watch,
+            )
+            results = await rounds.rounds(variants, keep_claims=False, phase="run")
+            wrong += [w for r in results.values() for w in r.wrong]
+            say("")
+            say(table(results))
+            say("")
+            say(summary(results))
+            if rounds.profiles:
+                say(f"profile of {options.profile}: {', '.join(map(str, rounds.profiles))}")
+                say(top(rounds.profiles))
+            framework = results.get("framework")
+            if options.paced_seconds > 0 and framework is not None:
+                rate = framework.rate / 2
+                paced: dict[str, Timing] = {}
+                for variant in variants:
+                    if variant.name in PACED_VARIANTS:
+                        paced[variant.name] = await rounds.paced(variant, rate)
+                say(paced_line(rate, paced))
+            if options.prefill > 0:
+                seconds = await prefill(
+                    admin,
+                    schema=sandbox.schema,
+                    consumer=sandbox.queue,
+                    rows=options.prefill,
+                    progress=say,
+                )
+                full = await rounds.rounds(
+                    [v for v in variants if v.name in PREFILL_VARIANTS],
+                    keep_claims=True,
+                    phase="prefilled",
+                )
+                wrong += [w for r in full.values() for w in r.wrong]
+                say(prefill_line(options.prefill, seconds, results, full))
+    finally:
+        try:
+            await sandbox.drop(admin, await connection.channel())
+        finally:
+            await connection.close()
+            await admin.close()
+    for line in wrong:
+        say(f"bench: WRONG {line}")
+    return 1 if wrong else 0
+
+
+def _run(main: Coroutine[Any, Any, int], loop: EventLoop) -> int:
+    if loop is EventLoop.UVLOOP:
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(main)
+    return asyncio.run(main)
+
+
+def main(argv: Sequence[str], settings: Settings) -> int:
+    """Entry point of `idempotent-workers bench`."""
+    options = parse(argv)
+    with open(options.log_file, "wb") as log_file:
+        configure_logging("info", json=True, file=log_file)
+        code = _run(bench(options, settings), options.loop)
+    sys.stdout.flush()
+    return code

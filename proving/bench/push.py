@@ -1,0 +1,276 @@
+"""Push sends per second through ONE worker process, every ack after its ledger record.
+
+    python -m proving.bench.push [--sends 10000] [--runs 3] [--sweep]
+
+Per run: a fresh schema and queue; N push jobs pre-published (one iOS target
+each, unique tokens); one in-process `Worker` whose `app.push_handler` sends to
+a fake APNs in a child process (its CPU is not the worker's), answering every
+token after 20 ms. Timed from the first delivery to the last ack (aio-pika's
+`IncomingMessage` is wrapped for the run); then the database must show every
+ledger row `sent` and the fake exactly N requests with N distinct apns-ids.
+`provider_only` (`proving.bench.providers`: ApnsProvider alone, same fake, 200 sends
+at a time) runs in every round, so both figures share the machine's weather.
+Worker settings come from the environment (IW_MAX_BATCH, IW_PREFETCH,
+IW_CONCURRENCY); `--sweep` tries a few more. Medians of --runs rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import aio_pika
+import asyncpg
+
+from consumers.app import App
+from consumers.logs import configure_logging
+from consumers.publisher import job_message
+from consumers.push_job import push_job_body
+from consumers.retry import RetryPolicy
+from consumers.settings import DatabaseSettings, Settings, WorkerSettings
+from consumers.topology import declare, delete
+from consumers.worker import Worker
+from dedupe import migrate, quote_ident
+from providers import ApnsProvider, ApnsSettings, Platform, Provider, Target
+from proving.bench.providers import LATENCY, FakeServer, one_run
+from proving.bench.stopwatch import Stopwatch
+
+PROVIDER_CONCURRENCY = 200
+PUBLISH_CHUNK = 500
+RUN_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Setup:
+    """One worker configuration to measure."""
+
+    max_batch: int
+    prefetch: int
+    concurrency: int
+
+    @property
+    def label(self) -> str:
+        return f"batch={self.max_batch} prefetch={self.prefetch} channels={self.concurrency}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    sends_per_s: float
+    p50_ms: float
+    p99_ms: float
+    cpu_us_per_send: float  # this process' CPU from worker start to the last ack, per send
+    duplicates: int
+
+
+@dataclass(slots=True)
+class Results:
+    setup: Setup
+    runs: list[Timing] = field(default_factory=list)
+
+    def median(self, value: Callable[[Timing], float]) -> float:
+        return statistics.median(value(t) for t in self.runs)
+
+
+def push_app(queue: str, apns: ApnsSettings) -> App:
+    app = App()
+
+    async def provider() -> Provider:
+        return ApnsProvider(apns)
+
+    app.push_handler(queue, provider=provider, lease_seconds=max(30.0, apns.timeout_seconds * 2))
+    return app
+
+
+async def publish_jobs(channel: aio_pika.abc.AbstractChannel, queue: str, sends: int) -> None:
+    """N persistent push jobs, one unique iOS token each, confirmed by the broker."""
+    tag = uuid.uuid4().hex[:8]
+    exchange = channel.default_exchange
+    for start in range(0, sends, PUBLISH_CHUNK):
+        messages = []
+        for i in range(start, min(sends, start + PUBLISH_CHUNK)):
+            body = push_job_body(
+                targets=[Target(platform=Platform.IOS, token=f"{tag}{i:08d}{'a' * 48}")],
+                title="Your order shipped",
+                body="It arrives Friday",
+                data={"order": str(i)},
+            )
+            messages.append(job_message(body, message_id=f"order-{tag}-{i}-shipped"))
+        await asyncio.gather(*(exchange.publish(m, routing_key=queue) for m in messages))
+
+
+async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int) -> Timing:
+    """One worker run in a fresh schema and queue; both dropped after."""
+    assert isinstance(fake.settings, ApnsSettings)
+    tag = uuid.uuid4().hex[:10]
+    schema, queue, retry = f"pushbench_{tag}", f"pushbench.{tag}", RetryPolicy()
+    settings = replace(
+        base,
+        database=DatabaseSettings(
+            url=base.database.url, schema=schema, pool_size=base.database.pool_size
+        ),
+        worker=WorkerSettings(
+            max_batch=setup.max_batch, prefetch=setup.prefetch, concurrency=setup.concurrency
+        ),
+    )
+    admin = await asyncpg.connect(base.database.url)
+    connection = await aio_pika.connect(base.amqp.url)
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        await migrate(admin, schema)
+        await declare(channel, queue, retry, base.amqp)
+        await publish_jobs(channel, queue, sends)
+        fake.forget()
+        say(f"{sends:,} jobs published; worker starting ({setup.label})")
+        clock = Stopwatch()
+        clock.reset(sends)
+        with clock.installed():
+            cpu = time.process_time()
+            worker = Worker(push_app(queue, fake.settings), settings)
+            await worker.start()
+            try:
+                await asyncio.wait_for(clock.done.wait(), RUN_TIMEOUT)
+                cpu = time.process_time() - cpu
+            finally:
+                await worker.stop()
+        row = await admin.fetchrow(
+            f"SELECT count(*) FILTER (WHERE status = 'sent'), count(*), sum(sends)"
+            f" FROM {quote_ident(schema)}.outbound_sends"
+        )
+        assert row is not None
+        requests, distinct_ids = fake.requests()
+        if (row[0], row[1], row[2], requests) != (sends, sends, sends, sends):
+            raise SystemExit(
+                f"push_bench: wrong outcome: {row[0]} of {row[1]} rows sent, {row[2]} sends"
+                f" recorded, {requests} requests at the fake, {sends} jobs"
+            )
+        timing = clock.timing()
+        return Timing(
+            sends_per_s=timing.rate,
+            p50_ms=timing.p50_ms,
+            p99_ms=timing.p99_ms,
+            cpu_us_per_send=cpu / sends * 1e6,
+            duplicates=requests - distinct_ids,
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            await delete(await connection.channel(), queue, retry)
+        await admin.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
+        await admin.close()
+        await connection.close()
+
+
+async def provider_run(fake: FakeServer, sends: int) -> float:
+    assert isinstance(fake.settings, ApnsSettings)
+    fake.forget()
+    provider = ApnsProvider(fake.settings)
+    return await one_run(provider, Platform.IOS, sends, PROVIDER_CONCURRENCY)
+
+
+async def bench(
+    setups: list[Setup], base: Settings, fake: FakeServer, args: argparse.Namespace
+) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    # SIGTERM cancels the bench, so the run's schema and queues are dropped on the way out.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    results = [Results(setup=s) for s in setups]
+    provider_rates: list[float] = []
+    for round_ in range(args.runs):
+        provider_rates.append(await provider_run(fake, args.provider_sends))
+        say(f"round {round_ + 1}: provider_only {provider_rates[-1]:,.0f} sends/s")
+        for result in results[round_ % len(results) :] + results[: round_ % len(results)]:
+            timing = await worker_run(result.setup, base, fake, args.sends)
+            result.runs.append(timing)
+            say(
+                f"round {round_ + 1}: {result.setup.label}: {timing.sends_per_s:,.0f} sends/s,"
+                f" p50 {timing.p50_ms:.0f} ms, p99 {timing.p99_ms:.0f} ms,"
+                f" {timing.cpu_us_per_send:.0f} µs CPU/send"
+            )
+    provider_only = statistics.median(provider_rates)
+    say(
+        f"\n{args.sends:,} push jobs, fake APNs answering after {LATENCY * 1000:.0f} ms,"
+        f" {args.loop} event loop,"
+    )
+    say(f"medians of {args.runs} runs; provider_only {provider_only:,.0f} sends/s")
+    say(
+        f"{'worker settings':<40} {'sends/s':>8} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'µs CPU/send':>12} {'dups':>5}"
+    )
+    for result in results:
+        say(
+            f"{result.setup.label:<40} {result.median(lambda t: t.sends_per_s):>8,.0f}"
+            f" {result.median(lambda t: t.sends_per_s) / provider_only:>6.2f}"
+            f" {result.median(lambda t: t.p50_ms):>7.0f} {result.median(lambda t: t.p99_ms):>7.0f}"
+            f" {result.median(lambda t: t.cpu_us_per_send):>12.0f}"
+            f" {sum(t.duplicates for t in result.runs):>5}"
+        )
+    best = max(results, key=lambda r: r.median(lambda t: t.sends_per_s))
+    rate = best.median(lambda t: t.sends_per_s)
+    if len(results) > 1:
+        say(f"best: {best.setup.label}")
+    say(
+        f"push_bench: sends_per_s={rate:.0f} provider_only={provider_only:.0f}"
+        f" ratio={rate / provider_only:.2f} p50_ms={best.median(lambda t: t.p50_ms):.0f}"
+        f" p99_ms={best.median(lambda t: t.p99_ms):.0f}"
+        f" duplicates={sum(t.duplicates for t in best.runs)}"
+    )
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _loop(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m proving.bench.push", description=__doc__)
+    parser.add_argument("--sends", type=int, default=10_000, help="push jobs per run")
+    parser.add_argument("--runs", type=int, default=3, help="rounds; figures are medians")
+    parser.add_argument("--provider-sends", type=int, default=5_000)
+    parser.add_argument("--sweep", action="store_true", help="also try other worker settings")
+    parser.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop"],
+        default="asyncio",
+        help="the event loop (asyncio: what `idempotent-workers run` uses)",
+    )
+    args = parser.parse_args(argv)
+    base = Settings.from_env()
+    ws = base.worker
+    setups = [Setup(max_batch=ws.max_batch, prefetch=ws.prefetch, concurrency=ws.concurrency)]
+    if args.sweep:
+        setups += [
+            Setup(max_batch=1000, prefetch=2000, concurrency=1),
+            Setup(max_batch=200, prefetch=1000, concurrency=1),
+            Setup(max_batch=500, prefetch=1000, concurrency=2),
+            Setup(max_batch=1000, prefetch=2000, concurrency=2),
+        ]
+    # Log lines rendered as JSON and written, as in production, but not onto the table.
+    with open(os.devnull, "w") as sink:
+        with contextlib.redirect_stderr(sink):
+            configure_logging("info", json=True)
+        with FakeServer("apns") as fake, asyncio.Runner(loop_factory=_loop(args.loop)) as runner:
+            try:
+                runner.run(bench(setups, base, fake, args))
+            except asyncio.CancelledError:
+                raise SystemExit("push_bench: stopped; its schema and queues dropped") from None
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

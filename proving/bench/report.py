@@ -1,0 +1,64 @@
+"""The bench's table and its one-line summary, all figures from the same run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from proving.bench.rounds import Result
+from proving.bench.stopwatch import Timing
+
+LINE_RATES = ("ceiling", "naive", "faststream", "framework", "framework_batch")
+LINE_RATIOS = (
+    ("framework", "ceiling"),
+    ("framework_batch", "ceiling"),
+    ("framework", "faststream"),
+    ("framework_batch", "faststream"),
+)
+
+
+def _ratio(results: Mapping[str, Result], top: str, bottom: str) -> str:
+    if top not in results or bottom not in results or not results[bottom].rate:
+        return "n/a"
+    return f"{results[top].rate / results[bottom].rate:.2f}"
+
+
+def table(results: Mapping[str, Result]) -> str:
+    ceiling = results.get("ceiling")
+    rows = [
+        f"{'variant':<20} {'msg/s':>8} {'runs (msg/s)':<26} {'p50 ms':>8} {'p99 ms':>8}"
+        f" {'rss MB':>7} {'/ceiling':>8}  what",
+    ]
+    for name, result in results.items():
+        runs = " ".join(f"{t.rate:,.0f}" for t in result.timings)
+        share = f"{result.rate / ceiling.rate:.2f}" if ceiling and ceiling.rate else "n/a"
+        rows.append(
+            f"{name:<20} {result.rate:>8,.0f} {runs:<26} {result.p50_ms:>8.1f}"
+            f" {result.p99_ms:>8.1f} {result.peak_mb:>7.0f} {share:>8}  {result.variant.what}"
+        )
+    return "\n".join(rows)
+
+
+def summary(results: Mapping[str, Result]) -> str:
+    """`bench: ceiling=… naive=… … framework/faststream=…`."""
+    parts = [
+        f"{name}={results[name].rate:.0f}" if name in results else f"{name}=n/a"
+        for name in LINE_RATES
+    ]
+    parts += [f"{top}/{bottom}={_ratio(results, top, bottom)}" for top, bottom in LINE_RATIOS]
+    return "bench: " + " ".join(parts)
+
+
+def paced_line(rate: float, timings: Mapping[str, Timing]) -> str:
+    parts = [f"{name} p50={t.p50_ms:.1f}ms p99={t.p99_ms:.1f}ms" for name, t in timings.items()]
+    return f"paced: rate={rate:.0f} msg/s (half of framework) " + " ".join(parts)
+
+
+def prefill_line(
+    rows: int, seconds: float, empty: Mapping[str, Result], full: Mapping[str, Result]
+) -> str:
+    parts = []
+    for name, result in full.items():
+        before = empty.get(name)
+        share = f"{result.rate / before.rate:.2f}" if before and before.rate else "n/a"
+        parts.append(f"{name}={result.rate:.0f} ({share} of empty)")
+    return f"prefill: rows={rows} filled_in={seconds:.0f}s " + " ".join(parts)

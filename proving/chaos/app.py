@@ -1,0 +1,84 @@
+"""The worker apps the chaos run starts: local effects, poison, and pushes.
+
+    chaos.local    one row in `chaos_effects` per job, staged (executemany)
+    chaos.poison   always raises: retried on short tiers, dead-lettered after
+                   POISON_MAX_ATTEMPTS attempts
+    chaos.push     (`push_app` only) push jobs through the send ledger to the
+                   run's fake APNs and FCM servers; where those listen comes in
+                   CHAOS_* variables, read when the worker builds its provider
+
+`chaos_effects` has no unique constraint on purpose: a doubled effect shows
+up as a second row for the same key instead of being hidden by an error.
+"""
+
+from __future__ import annotations
+
+import os
+
+from consumers.app import App
+from consumers.context import Context
+from consumers.retry import RetryPolicy
+from providers import Provider
+from proving.faults import SigkillAt
+
+LOCAL_QUEUE = "chaos.local"
+POISON_QUEUE = "chaos.poison"
+PUSH_QUEUE = "chaos.push"
+PROVIDER_TIMEOUT_S = 2.0
+PUSH_LEASE_S = 6.0  # above the provider timeout, as `push_handler` requires
+POISON_MAX_ATTEMPTS = 5
+
+EFFECTS_TABLE = """
+CREATE TABLE IF NOT EXISTS chaos_effects (
+    id          bigserial PRIMARY KEY,
+    tenant      text NOT NULL,
+    message_id  text NOT NULL,
+    worker_pid  integer NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+)"""
+
+# The default five attempts, on tiers short enough for a run; the poison queue's tiers are short
+# so that a message that can never succeed is dead-lettered well within 60 s.
+LOCAL_RETRY = RetryPolicy(base_seconds=0.5, tiers_seconds=(0.5, 2.0, 8.0))
+POISON_RETRY = RetryPolicy(
+    max_attempts=POISON_MAX_ATTEMPTS, base_seconds=0.5, tiers_seconds=(0.5, 1.0, 2.0, 4.0)
+)
+
+
+class PoisonError(Exception):
+    """What the poison handler raises, every time."""
+
+
+async def apply_local(ctx: Context) -> None:
+    await ctx.stage(
+        "INSERT INTO chaos_effects (tenant, message_id, worker_pid) VALUES ($1, $2, $3)",
+        ctx.tenant,
+        ctx.message_id,
+        os.getpid(),
+    )
+
+
+async def always_fail(ctx: Context) -> None:
+    raise PoisonError(f"poison job {ctx.message_id} never succeeds")
+
+
+async def fake_providers() -> Provider:
+    """APNs and FCM providers pointed at the chaos run's fakes."""
+    from providers.fakes.env import router_from_env
+
+    return router_from_env(os.environ, "CHAOS_", timeout_seconds=PROVIDER_TIMEOUT_S)
+
+
+def _build(*, push: bool) -> App:
+    built = App(faults=SigkillAt.from_env(os.environ))  # armed by the chaos fleet
+    built.handler(LOCAL_QUEUE, retry=LOCAL_RETRY)(apply_local)
+    built.handler(POISON_QUEUE, retry=POISON_RETRY)(always_fail)
+    if push:
+        built.push_handler(
+            PUSH_QUEUE, provider=fake_providers, lease_seconds=PUSH_LEASE_S, retry=LOCAL_RETRY
+        )
+    return built
+
+
+app = _build(push=False)  # local effects and poison only
+push_app = _build(push=True)  # and push jobs to the fake providers

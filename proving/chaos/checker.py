@@ -1,0 +1,129 @@
+"""Count what was lost, doubled, stuck or dead-lettered, from the services alone.
+
+Nothing here trusts a worker's own counters: effects are read from the
+effect table, dead letters from what the watcher took off the dead-letter
+queues, and stuck messages from the work and retry queues once the workers
+are stopped (so nothing is unacked any more: every message left is ready).
+
+    lost       a planned local job with no effect row
+    doubled    effect rows beyond the first, per key (the claim we test)
+    stuck      messages still in a work queue or a retry tier
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import aio_pika
+
+from consumers.app import App
+from consumers.retry import tier_queue
+from dedupe import DbConnection
+from proving.chaos.app import POISON_MAX_ATTEMPTS, POISON_QUEUE
+from proving.chaos.deadletters import DeadLetter
+from proving.chaos.workload import Job, JobKind
+
+POISON_DEADLINE_S = 60.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Findings:
+    messages: int
+    unique_local: int
+    effects: int
+    lost: int
+    doubled: int
+    unexpected: int  # effect rows for keys nobody planned
+    stuck: int
+    dead_lettered: int  # distinct messages in the dead-letter queues
+    dead_letter_copies: int
+    local_dead_lettered: int  # valid local jobs that ended up dead-lettered
+    poison: int
+    poison_dead_lettered: int
+    poison_slowest_s: float
+    poison_late: int  # dead-lettered later than POISON_DEADLINE_S after publish
+    max_attempts: int
+    malformed: int
+    malformed_dead_lettered: int
+    reasons: Mapping[str, int]
+    lost_sample: Sequence[str]
+    doubled_sample: Sequence[str]
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.lost == 0
+            and self.doubled == 0
+            and self.stuck == 0
+            and self.unexpected == 0
+            and self.poison_dead_lettered == self.poison
+            and self.poison_late == 0
+            and self.max_attempts <= POISON_MAX_ATTEMPTS
+            and self.malformed_dead_lettered == self.malformed
+        )
+
+
+async def count_stuck(channel: aio_pika.abc.AbstractChannel, app: App) -> int:
+    """Messages left in work queues and retry tiers (call with the workers stopped)."""
+    total = 0
+    for spec in app.specs.values():
+        for name in [spec.queue, *(tier_queue(spec.queue, t) for t in spec.retry.tiers_seconds)]:
+            queue = await channel.declare_queue(name, passive=True)
+            total += queue.declaration_result.message_count or 0
+    return total
+
+
+async def effect_counts(db: DbConnection) -> dict[tuple[str, str], int]:
+    rows = await db.fetch(
+        "SELECT tenant, message_id, count(*) AS c FROM chaos_effects GROUP BY 1, 2"
+    )
+    return {(r["tenant"], r["message_id"]): r["c"] for r in rows}
+
+
+def check(
+    *,
+    jobs: Sequence[Job],
+    effects: Mapping[tuple[str, str], int],
+    dead: Mapping[tuple[str, str], DeadLetter],
+    dead_copies: int,
+    first_sent: Mapping[tuple[str, str], float],
+    stuck: int,
+) -> Findings:
+    local = {(j.tenant, j.message_id) for j in jobs if j.kind is JobKind.LOCAL}
+    local_ids = {mid for _, mid in local}
+    poison = [j for j in jobs if j.kind is JobKind.POISON]
+    malformed = [j for j in jobs if j.kind is JobKind.MALFORMED]
+    lost = sorted(mid for key in local if effects.get(key, 0) == 0 for mid in [key[1]])
+    doubled = sorted(mid for key, c in effects.items() if c > 1 for mid in [key[1]])
+    reasons: dict[str, int] = {}
+    for letter in dead.values():
+        reasons[letter.reason] = reasons.get(letter.reason, 0) + 1
+    poison_letters = [
+        dead[(POISON_QUEUE, j.message_id)] for j in poison if (POISON_QUEUE, j.message_id) in dead
+    ]
+    latencies = [
+        letter.seen_at - first_sent[(POISON_QUEUE, letter.message_id)] for letter in poison_letters
+    ]
+    return Findings(
+        messages=len(jobs),
+        unique_local=len(local),
+        effects=sum(effects.values()),
+        lost=len(lost),
+        doubled=sum(c - 1 for c in effects.values() if c > 1),
+        unexpected=sum(1 for key in effects if key not in local),
+        stuck=stuck,
+        dead_lettered=len(dead),
+        dead_letter_copies=dead_copies,
+        local_dead_lettered=sum(1 for (_, mid) in dead if mid in local_ids),
+        poison=len(poison),
+        poison_dead_lettered=len(poison_letters),
+        poison_slowest_s=max(latencies, default=0.0),
+        poison_late=sum(1 for s in latencies if s > POISON_DEADLINE_S),
+        max_attempts=max((letter.attempt for letter in poison_letters), default=0),
+        malformed=len(malformed),
+        malformed_dead_lettered=sum(1 for j in malformed if (j.queue, j.message_id) in dead),
+        reasons=reasons,
+        lost_sample=lost[:10],
+        doubled_sample=doubled[:10],
+    )

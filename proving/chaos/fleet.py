@@ -1,0 +1,248 @@
+"""The worker processes of a chaos run, kept alive whatever happens to them.
+
+Each slot runs `python -m consumers run proving.chaos.app:app` against the
+fault proxies. A supervisor restarts a slot's process whenever it exits, and
+records why it exited: killed by the run (SIGKILL), stopped by it (SIGTERM,
+which must exit 0), killed by its own fault injection at a crash point (an
+exit by SIGKILL nobody sent), or failed to start (the broker or the database
+was down at that moment).
+
+A process start may be armed: `PROVING_CRASH_AT` and a random
+`PROVING_CRASH_AFTER`, drawn from what is left of the run's quota of
+kills at each crash point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from consumers.faults import CrashPoint
+
+log = structlog.get_logger(__name__)
+
+TARGETS = {False: "proving.chaos.app:app", True: "proving.chaos.app:push_app"}
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))
+
+
+@dataclass(slots=True, kw_only=True)
+class _Slot:
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    armed: CrashPoint | None = None
+    sent: signal.Signals | None = None  # what the run sent this process, if anything
+    starts: int = 0
+    ready_at: float = 0.0  # no restart before this (monotonic)
+
+
+@dataclass(slots=True, kw_only=True)
+class FleetCounts:
+    killed: int = 0  # SIGKILLs sent by the run
+    terminated: int = 0  # SIGTERMs sent by the run
+    unclean_terms: int = 0  # SIGTERMed processes that did not exit 0 (nor -15: see below)
+    # SIGTERMed while still starting (its handler not yet installed, e.g. while
+    # a service is down): the default action ends it, like a kill.
+    terms_while_starting: int = 0
+    crashed_at: Counter[str] = field(default_factory=Counter)  # crash point -> kills
+    start_failures: int = 0
+    starts: int = 0
+
+
+class Fleet:
+    def __init__(
+        self,
+        *,
+        size: int,
+        env: Mapping[str, str],
+        log_dir: Path,
+        crash_quota: Mapping[CrashPoint, int],
+        max_crash_after: int,
+        rng: random.Random,
+        push: bool = False,
+        spread_seconds: float = 0.0,
+    ) -> None:
+        self.spread_seconds = spread_seconds  # spread the crash quota over this long
+        self._started = 0.0
+        self.target = TARGETS[push]
+        self.env = dict(env)
+        self.log_dir = log_dir
+        self.slots = [_Slot(index=n) for n in range(size)]
+        self.quota = dict(crash_quota)
+        self.max_crash_after = max_crash_after
+        self.rng = rng
+        self.counts = FleetCounts()
+        self.arming = True
+        self.running = False
+        self._task: asyncio.Task[None] | None = None
+
+    # -- life cycle ------------------------------------------------------
+
+    def start(self) -> None:
+        self.running = True
+        self._started = time.monotonic()
+        for slot in self.slots:
+            self._spawn(slot)
+        self._task = asyncio.create_task(self._supervise(), name="fleet-supervisor")
+
+    async def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM every process and wait; SIGKILL what outlives `grace`."""
+        self.running = False
+        if self._task is not None:
+            self._task.cancel()
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.send_signal(signal.SIGTERM)
+        deadline = asyncio.get_running_loop().time() + grace
+        for slot in self.slots:
+            while slot.proc is not None and slot.proc.poll() is None:
+                if asyncio.get_running_loop().time() > deadline:
+                    slot.proc.kill()
+                await asyncio.sleep(0.05)
+
+    def kill_now(self) -> None:
+        self.running = False
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.kill()
+                slot.proc.wait()
+
+    @property
+    def pending_crashes(self) -> int:
+        return sum(1 for s in self.slots if s.armed is not None)
+
+    def alive(self) -> list[int]:
+        return [s.index for s in self.slots if s.proc is not None and s.proc.poll() is None]
+
+    # -- faults ----------------------------------------------------------
+
+    def sigkill(self) -> bool:
+        """SIGKILL one running worker, chosen at random."""
+        alive = self.alive()
+        if not alive:
+            return False
+        slot = self.slots[self.rng.choice(alive)]
+        assert slot.proc is not None
+        slot.sent = signal.SIGKILL
+        slot.proc.send_signal(signal.SIGKILL)
+        self.counts.killed += 1
+        return True
+
+    async def rolling_sigterm(self, patience: float = 60.0) -> int:
+        """SIGTERM each worker in turn, waiting for it to come back before the next."""
+        done = 0
+        for slot in self.slots:
+            proc = slot.proc
+            if proc is None or proc.poll() is not None:
+                continue
+            slot.sent = signal.SIGTERM
+            proc.send_signal(signal.SIGTERM)
+            self.counts.terminated += 1
+            done += 1
+            deadline = asyncio.get_running_loop().time() + patience
+            # The supervisor replaces the process; poll for that (no event to wait on).
+            while slot.proc is proc and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        return done
+
+    async def disarm(self) -> None:
+        """Stop arming new starts and replace armed processes with clean ones."""
+        self.arming = False
+        for slot in self.slots:
+            if slot.armed is not None and slot.proc is not None and slot.proc.poll() is None:
+                slot.sent = signal.SIGTERM
+                slot.proc.send_signal(signal.SIGTERM)
+                self.counts.terminated += 1
+
+    # -- plumbing --------------------------------------------------------
+
+    def _spawn(self, slot: _Slot) -> None:
+        env = {**os.environ, **self.env}
+        slot.armed = self._draw_crash()
+        if slot.armed is not None:
+            env["PROVING_CRASH_AT"] = str(slot.armed)
+            env["PROVING_CRASH_AFTER"] = str(self.rng.randint(0, self.max_crash_after))
+        log_path = self.log_dir / f"worker-{slot.index}.log"
+        with log_path.open("ab") as out:
+            slot.proc = subprocess.Popen(
+                [sys.executable, "-m", "consumers", "run", self.target],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                preexec_fn=_die_with_parent,
+            )
+        slot.sent = None
+        slot.starts += 1
+        self.counts.starts += 1
+
+    def _draw_crash(self) -> CrashPoint | None:
+        if not self.arming:
+            return None
+        # Due by now: the quota spread evenly over `spread_seconds`, so the
+        # crashes do not all happen in the first minute.
+        elapsed = time.monotonic() - self._started
+        share = min(1.0, elapsed / self.spread_seconds) if self.spread_seconds else 1.0
+        left = {
+            point: min(n, int(n * share) + 1)
+            - self.counts.crashed_at[str(point)]
+            - self._armed(point)
+            for point, n in self.quota.items()
+        }
+        candidates = [p for p, n in left.items() if n > 0]
+        if not candidates or self.rng.random() < 0.2:
+            return None
+        return self.rng.choice(candidates)
+
+    def _armed(self, point: CrashPoint) -> int:
+        return sum(1 for s in self.slots if s.armed is point and s.proc and s.proc.poll() is None)
+
+    async def _supervise(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.running:
+            for slot in self.slots:
+                proc = slot.proc
+                if proc is None or (code := proc.poll()) is None:
+                    continue
+                if slot.ready_at == 0.0:
+                    delay = self._classify(slot, code)
+                    slot.ready_at = loop.time() + delay
+                if loop.time() >= slot.ready_at and self.running:
+                    slot.ready_at = 0.0
+                    self._spawn(slot)
+            await asyncio.sleep(0.05)
+
+    def _classify(self, slot: _Slot, code: int) -> float:
+        """Record why the slot's process exited; return the delay before a restart."""
+        if slot.sent is signal.SIGKILL:
+            return 0.3
+        if slot.sent is signal.SIGTERM:
+            if code == -signal.SIGKILL and slot.armed is not None:
+                # Its armed crash point fired in the batch it finished on the way out.
+                self.counts.crashed_at[str(slot.armed)] += 1
+            elif code == -signal.SIGTERM:
+                self.counts.terms_while_starting += 1
+            elif code != 0:
+                self.counts.unclean_terms += 1
+                log.warning("worker_unclean_sigterm", slot=slot.index, code=code)
+            return 0.1
+        if code == -signal.SIGKILL and slot.armed is not None:
+            self.counts.crashed_at[str(slot.armed)] += 1
+            return 0.3
+        self.counts.start_failures += 1
+        log.info("worker_exited", slot=slot.index, code=code)
+        return 1.0

@@ -1,0 +1,91 @@
+"""How much load and how many faults: the CI profile and the full one.
+
+Counts are per fault kind. For `sigterm` the count is rolling rounds (every
+worker SIGTERMed in turn, so `workers` SIGTERMs a round); the two crash
+points are a quota of kills drawn by worker starts, not timeline events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from proving.chaos.faults import FaultKind
+
+K = FaultKind
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile:
+    name: str
+    messages: int  # publishes in all, duplicates, poison and malformed included
+    poison: int
+    malformed: int
+    workers: int
+    load_seconds: float  # publishing is spread over this, and the faults with it
+    faults: Mapping[FaultKind, int]
+    max_crash_after: int  # an armed worker crashes after 0..this many batches
+    drain_seconds: float = 180.0  # after the load: at most this long to settle
+    push_jobs: int = 0  # push publishes on top of `messages` (duplicates included)
+
+
+CI = Profile(
+    name="ci",
+    messages=3_000,
+    poison=60,
+    malformed=30,
+    workers=3,
+    load_seconds=210.0,  # room for the restarts: each takes 5 to 12 s, and they take turns
+    max_crash_after=10,
+    push_jobs=600,
+    faults={
+        K.SIGKILL: 12,
+        K.CRASH_BEFORE_COMMIT: 12,
+        K.CRASH_AFTER_COMMIT: 12,
+        K.SIGTERM: 4,
+        K.RABBITMQ_RESTART: 3,
+        K.RABBITMQ_KILL: 3,
+        K.POSTGRES_RESTART: 10,
+        K.AMQP_RESET: 12,
+        K.PG_RESET: 12,
+        K.AMQP_HOLD: 6,
+        K.PG_HOLD: 6,
+        K.AMQP_LATENCY: 6,
+        K.PG_LATENCY: 6,
+        K.COMMIT_CUT: 12,
+        K.CRASH_AFTER_SEND: 12,
+        K.HTTP2_DROP: 6,
+    },
+)
+
+FULL = Profile(
+    name="full",
+    messages=100_000,
+    poison=1_000,
+    malformed=1_000,
+    workers=3,
+    load_seconds=900.0,
+    max_crash_after=60,
+    drain_seconds=300.0,
+    push_jobs=22_300,  # 20,070 distinct push jobs
+    faults={
+        K.SIGKILL: 60,
+        K.CRASH_BEFORE_COMMIT: 12,
+        K.CRASH_AFTER_COMMIT: 12,
+        K.SIGTERM: 34,
+        K.RABBITMQ_RESTART: 6,
+        K.RABBITMQ_KILL: 6,
+        K.POSTGRES_RESTART: 12,
+        K.AMQP_RESET: 30,
+        K.PG_RESET: 30,
+        K.AMQP_HOLD: 10,
+        K.PG_HOLD: 10,
+        K.AMQP_LATENCY: 10,
+        K.PG_LATENCY: 10,
+        K.COMMIT_CUT: 30,
+        K.CRASH_AFTER_SEND: 40,
+        K.HTTP2_DROP: 20,
+    },
+)
+
+PROFILES = {p.name: p for p in (CI, FULL)}

@@ -1,0 +1,339 @@
+"""One chaos run: private services, proxies, workers, load, faults, then a count.
+
+    start a private RabbitMQ node and PostgreSQL cluster (never the shared ones)
+    put a fault proxy in front of each; workers connect only through those
+    publish the workload over the load phase while the injector fires faults
+    stop the faults, let the workers drain, stop them
+    count from the effect table, the dead-letter queues and the queue depths
+
+Everything started here is torn down in `finally`, and every child process
+dies with the run even if the run itself is SIGKILLed (a parent-death signal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+import structlog
+
+from consumers.app import App
+from consumers.faults import CrashPoint
+from consumers.settings import AmqpSettings
+from consumers.topology import declare
+from dedupe import migrate
+from proving.chaos.app import EFFECTS_TABLE, PUSH_QUEUE, app, push_app
+from proving.chaos.checker import Findings, check, count_stuck, effect_counts
+from proving.chaos.deadletters import DeadLetterWatcher
+from proving.chaos.faults import FaultKind, FaultLog, Injector, timeline
+from proving.chaos.fleet import Fleet, FleetCounts
+from proving.chaos.profile import Profile
+from proving.chaos.proxy import FaultProxy
+from proving.chaos.pushes import (
+    FakeProviders,
+    PushFindings,
+    check_pushes,
+    ledger_status,
+    plan_pushes,
+)
+from proving.chaos.services import PrivatePostgres, PrivateRabbit, remove_tree
+from proving.chaos.workload import JobKind, ResilientPublisher, plan
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    findings: Findings
+    faults: FaultLog
+    fleet: FleetCounts
+    push: PushFindings | None
+    published: int
+    republished: int
+    elapsed_s: float
+    workdir: Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def say(text: str) -> None:
+    print(f"chaos: {text}", flush=True)
+
+
+async def _prepare(postgres: PrivatePostgres, rabbit: PrivateRabbit, target: App) -> None:
+    conn = await asyncpg.connect(postgres.url)
+    try:
+        await migrate(conn, "public")
+        await conn.execute(EFFECTS_TABLE)
+    finally:
+        await conn.close()
+    connection = await aio_pika.connect(rabbit.url)
+    try:
+        channel = await connection.channel()
+        for spec in target.specs.values():
+            await declare(channel, spec.queue, spec.retry, AmqpSettings(url=rabbit.url))
+    finally:
+        await connection.close()
+
+
+class _Probe:
+    """Reconnecting counts of effects and settled pushes, for progress and the drain."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.conn: asyncpg.Connection | None = None
+
+    async def _count(self, sql: str, *args: object) -> int | None:
+        """`sql`'s count, or None while the database cannot be reached."""
+        try:
+            if self.conn is None or self.conn.is_closed():
+                self.conn = await asyncpg.connect(self.url, timeout=5)
+            value: int = await self.conn.fetchval(sql, *args, timeout=10)
+            return value
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            self.conn = None
+            return None
+
+    async def distinct_effects(self) -> int | None:
+        return await self._count("SELECT count(DISTINCT (tenant, message_id)) FROM chaos_effects")
+
+    async def unsettled_pushes(self, devices: int) -> int | None:
+        """Devices whose ledger row is missing or not yet `sent` or `failed`."""
+        settled = await self._count(
+            "SELECT count(*) FROM outbound_sends WHERE consumer = $1"
+            " AND status IN ('sent', 'failed')",
+            PUSH_QUEUE,
+        )
+        return None if settled is None else devices - settled
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                await self.conn.close()
+
+
+async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outcome:
+    started = time.monotonic()
+    # Our own clients reconnect across every restart on purpose: keep their
+    # reconnect chatter out of the output.
+    for name in ("aio_pika", "aiormq"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    rng = random.Random(seed)
+    workdir = Path(tempfile.mkdtemp(prefix="iw-chaos-"))
+    os.chmod(workdir, 0o755)  # the private PostgreSQL runs as the postgres user
+    rabbit = PrivateRabbit(workdir / "rabbitmq", free_port(), free_port())
+    postgres = PrivatePostgres(workdir / "postgres", free_port())
+    amqp_proxy = FaultProxy("amqp", free_port(), rabbit.port, seed=seed)
+    pg_proxy = FaultProxy("postgresql", free_port(), postgres.port, seed=seed + 1)
+    (workdir / "logs").mkdir()
+    fleet = Fleet(
+        size=profile.workers,
+        env={
+            "AMQP_URL": f"amqp://guest:guest@127.0.0.1:{amqp_proxy.port}/",
+            "DATABASE_URL": f"postgresql://postgres@127.0.0.1:{pg_proxy.port}/postgres",
+            "DATABASE_SCHEMA": "public",
+            "IW_PREFETCH": "200",
+            "IW_MAX_BATCH": "100",
+            "IW_SHUTDOWN_GRACE": "10",
+        },
+        log_dir=workdir / "logs",
+        crash_quota={
+            CrashPoint.BEFORE_COMMIT: profile.faults.get(FaultKind.CRASH_BEFORE_COMMIT, 0),
+            CrashPoint.AFTER_COMMIT: profile.faults.get(FaultKind.CRASH_AFTER_COMMIT, 0),
+            CrashPoint.AFTER_SEND: profile.faults.get(FaultKind.CRASH_AFTER_SEND, 0),
+        },
+        max_crash_after=profile.max_crash_after,
+        rng=rng,
+        push=profile.push_jobs > 0,
+        spread_seconds=profile.load_seconds * 0.9,
+    )
+    target = push_app if profile.push_jobs else app
+    jobs = plan(
+        messages=profile.messages, poison=profile.poison, malformed=profile.malformed, rng=rng
+    )
+    push_jobs, devices = plan_pushes(profile.push_jobs, rng)
+    jobs += push_jobs
+    rng.shuffle(jobs)
+    fakes = FakeProviders(devices, workdir) if devices else None
+    unique_local = sum(1 for j in jobs if j.kind is JobKind.LOCAL)
+    expected_dead = profile.poison + profile.malformed
+    watcher = DeadLetterWatcher(rabbit.url, list(target.specs))
+    publisher = ResilientPublisher(rabbit.url)
+    probe = _Probe(postgres.url)
+    injector = Injector(
+        fleet=fleet,
+        rabbit=rabbit,
+        postgres=postgres,
+        amqp_proxy=amqp_proxy,
+        pg_proxy=pg_proxy,
+        rng=rng,
+        journal=workdir / "faults.log",
+        drop_http2=fakes.drop_connections if fakes else None,
+    )
+    ok = False
+    stack = contextlib.AsyncExitStack()
+    try:
+        say(f"profile={profile.name} seed={seed} workdir={workdir}")
+        postgres.init()
+        await asyncio.gather(rabbit.start(), postgres.start())
+        await _prepare(postgres, rabbit, target)
+        if fakes is not None:
+            await stack.enter_async_context(fakes)
+            fleet.env.update(fakes.worker_env())
+        await amqp_proxy.start()
+        await pg_proxy.start()
+        say(
+            f"private rabbitmq :{rabbit.port} ({rabbit.node}), postgresql :{postgres.port};"
+            f" proxies :{amqp_proxy.port}, :{pg_proxy.port}"
+        )
+        fleet.start()
+        watcher.start()
+        events = timeline(profile.faults, profile.load_seconds, rng)
+        say(
+            f"{len(jobs)} publishes ({unique_local} distinct local jobs, {profile.poison} poison,"
+            f" {profile.malformed} malformed, {len(push_jobs)} push jobs to {len(devices)}"
+            f" devices) over {profile.load_seconds:.0f} s;"
+            f" {len(events)} scheduled faults, {profile.workers} workers"
+        )
+
+        async def progress() -> None:
+            while True:
+                await asyncio.sleep(15)
+                done = await probe.distinct_effects()
+                say(
+                    f"t={time.monotonic() - started:.0f}s published={publisher.published}"
+                    f" effects={done} dead_letters={len(watcher.seen)}"
+                    f" faults={sum(injector.log.injected.values())}"
+                    f" crashes={dict(fleet.counts.crashed_at)} workers={len(fleet.alive())}"
+                )
+
+        reporter = asyncio.create_task(progress())
+        try:
+            await asyncio.gather(
+                publisher.publish_all(jobs, seconds=profile.load_seconds),
+                injector.run(events),
+            )
+            say(f"load and faults done at t={time.monotonic() - started:.0f}s; draining")
+            pg_proxy.disarm()
+            await fleet.disarm()
+            await _drain(
+                probe,
+                watcher,
+                rabbit.url,
+                target,
+                unique_local=unique_local,
+                expected_dead=expected_dead,
+                devices=len(devices),
+                seconds=profile.drain_seconds,
+            )
+        finally:
+            reporter.cancel()
+        injector.record_cuts()
+        injector.record_crashes()
+        await fleet.stop()
+        await watcher.stop()
+        await watcher.drain()
+        connection = await aio_pika.connect(rabbit.url)
+        try:
+            stuck = await count_stuck(await connection.channel(), target)
+        finally:
+            await connection.close()
+        conn = await asyncpg.connect(postgres.url)
+        try:
+            effects = await effect_counts(conn)
+            status = await ledger_status(conn)
+        finally:
+            await conn.close()
+        push = check_pushes(devices, fakes.requests(), status) if fakes else None
+        if push is not None:
+            injector.record_scripts(push.scripts_served)
+        findings = check(
+            jobs=jobs,
+            effects=effects,
+            dead=watcher.seen,
+            dead_copies=watcher.copies,
+            first_sent=publisher.first_sent,
+            stuck=stuck,
+        )
+        ok = findings.ok and (push is None or push.ok)
+        return Outcome(
+            findings=findings,
+            push=push,
+            faults=injector.log,
+            fleet=fleet.counts,
+            published=publisher.published,
+            republished=publisher.republished,
+            elapsed_s=time.monotonic() - started,
+            workdir=workdir,
+        )
+    finally:
+        fleet.kill_now()
+        await stack.aclose()
+        await probe.close()
+        await watcher.stop()
+        await publisher.close()
+        await amqp_proxy.close()
+        await pg_proxy.close()
+        await rabbit.stop()
+        await postgres.stop()
+        rabbit.kill_now()
+        postgres.kill_now()
+        if ok and not keep:
+            remove_tree(workdir)
+        else:
+            say(f"logs kept in {workdir}")
+
+
+async def _drain(
+    probe: _Probe,
+    watcher: DeadLetterWatcher,
+    amqp_url: str,
+    target: App,
+    *,
+    unique_local: int,
+    expected_dead: int,
+    devices: int,
+    seconds: float,
+) -> None:
+    """Wait until every job is accounted for and the queues stay empty, or `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    empty_since: float | None = None
+    while time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        done = await probe.distinct_effects()
+        if done is None or done < unique_local or len(watcher.seen) < expected_dead:
+            empty_since = None
+            continue
+        if devices and await probe.unsettled_pushes(devices) != 0:
+            empty_since = None
+            continue
+        try:
+            connection = await aio_pika.connect(amqp_url, timeout=5)
+            try:
+                ready = await count_stuck(await connection.channel(), target)
+            finally:
+                await connection.close()
+        except Exception:
+            continue
+        if ready:
+            empty_since = None
+        elif empty_since is None:
+            empty_since = time.monotonic()
+        elif time.monotonic() - empty_since >= 3.0:
+            return
+    say(f"drain timed out after {seconds:.0f} s")

@@ -1,0 +1,51 @@
+"""The demo's workers: one order-shipped effect per job, and push notifications.
+
+`demo_effects` has no unique constraint on purpose, so the demo's report
+would show a doubled effect as two rows rather than hide it behind an error.
+The push queue sends to the local fake APNs and FCM servers the demo starts;
+where they listen comes in the worker's environment (DEMO_* variables), read
+when the worker builds its provider, not at import.
+"""
+
+from __future__ import annotations
+
+import os
+
+from consumers.app import App
+from consumers.context import Context
+from consumers.spec import DeadToken
+from dedupe import DbConnection
+from providers import Provider
+
+QUEUE = "demo.orders.shipped"
+PUSH_QUEUE = "demo.notifications"
+
+app = App()
+
+
+@app.handler(QUEUE)
+async def record_shipment(ctx: Context) -> None:
+    await ctx.stage(
+        "INSERT INTO demo_effects (tenant, message_id, order_id) VALUES ($1, $2, $3)",
+        ctx.tenant,
+        ctx.message_id,
+        ctx.body["order_id"],
+    )
+
+
+async def fake_providers() -> Provider:
+    """APNs and FCM providers pointed at the demo's fakes."""
+    from providers.fakes.env import router_from_env
+
+    return router_from_env(os.environ, "DEMO_", timeout_seconds=5.0)
+
+
+async def prune_device(tx: DbConnection, dead: DeadToken) -> None:
+    """Runs once per dead token, in the transaction that records the failure."""
+    await tx.execute("DELETE FROM demo_devices WHERE token = $1", dead.token)
+    await tx.execute(
+        "INSERT INTO demo_pruned (token, reason) VALUES ($1, $2)", dead.token, dead.reason
+    )
+
+
+app.push_handler(PUSH_QUEUE, provider=fake_providers, on_invalid_token=prune_device)
