@@ -1,7 +1,7 @@
-"""The PostgreSQL side: migrations, the inbox of processed messages, the send ledger."""
+"""The PostgreSQL side: migrations, the inbox of processed messages, the send ledger, the outbox."""
 
 from dedupe.connection import DbConnection
-from dedupe.errors import DedupeError, MigrationError, SchemaMissing
+from dedupe.errors import DedupeError, MigrationError, NotInTransaction, SchemaMissing
 from dedupe.fingerprint import canonical_json, fingerprint, is_plain
 from dedupe.inbox import Claim, ClaimOutcome, DedupeKey, Inbox
 from dedupe.ledger import (
@@ -14,9 +14,11 @@ from dedupe.ledger import (
     UnknownOutcome,
 )
 from dedupe.migrate import available_migrations, check_schema, migrate, quote_ident
+from dedupe.outbox import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure
 from dedupe.retention import CleanupResult, Retention, cleanup
 
 __all__ = [
+    "NOTIFY_CHANNEL",
     "Claim",
     "ClaimOutcome",
     "CleanupResult",
@@ -25,6 +27,10 @@ __all__ = [
     "DedupeKey",
     "Inbox",
     "MigrationError",
+    "NotInTransaction",
+    "Outbox",
+    "OutboxRow",
+    "PublishFailure",
     "Retention",
     "SchemaMissing",
     "SendIntent",

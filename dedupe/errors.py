@@ -3,6 +3,7 @@
 DedupeError
   SchemaMissing     the tables are not there: run `idempotent-workers migrate`
   MigrationError    a migration file is malformed or failed to apply
+  NotInTransaction  a write that must share the caller's transaction got none
 """
 
 from __future__ import annotations
@@ -18,3 +19,7 @@ class SchemaMissing(DedupeError):
 
 class MigrationError(DedupeError):
     """A migration could not be applied."""
+
+
+class NotInTransaction(DedupeError):
+    """`Outbox.enqueue` was called outside a transaction: the row would not share its fate."""
