@@ -10,12 +10,14 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
+import structlog
 
 from consumers import AmqpSettings, DatabaseSettings, Publisher, Settings, WorkerSettings
 from consumers.retry import RetryPolicy
 from consumers.topology import delete
 from dedupe import DbConnection, migrate, quote_ident
 from tests.apps.effects import FAST_RETRY
+from tests.harness import Harness
 from tests.support import WorkerProcess
 
 pytest_plugins = ["providers.fakes.pytest_plugin"]
@@ -123,3 +125,25 @@ def spawn(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Spawn]:
     yield start
     for worker in started:
         worker.stop_now()
+
+
+@pytest.fixture
+async def harness(
+    db: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    retry_policy: RetryPolicy,
+    channel: aio_pika.abc.AbstractChannel,
+) -> AsyncIterator[Harness]:
+    """Database, queue, publisher and settings for an in-process worker; its outcome lines."""
+    with structlog.testing.capture_logs() as logs:
+        yield Harness(
+            db=db,
+            queue=queue_name,
+            publisher=publisher,
+            settings=settings,
+            retry=retry_policy,
+            channel=channel,
+            logs=logs,
+        )

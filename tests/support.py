@@ -121,6 +121,23 @@ async def wait_declared(url: str, queue: str) -> None:
     await wait_for(declared, timeout=30)
 
 
+async def wait_consumers(url: str, queue: str, n: int, *, timeout: float = 30.0) -> None:
+    """Wait until `queue` has at least `n` consumers (every worker is consuming)."""
+
+    async def consuming() -> bool:
+        connection = await aio_pika.connect(url)
+        try:
+            channel = await connection.channel()
+            declared = await channel.declare_queue(queue, passive=True)
+            return (declared.declaration_result.consumer_count or 0) >= n
+        except aio_pika.exceptions.ChannelClosed:
+            return False
+        finally:
+            await connection.close()
+
+    await wait_for(consuming, timeout=timeout)
+
+
 async def drain_dead_letters(
     channel: aio_pika.abc.AbstractChannel, queue: str
 ) -> list[aio_pika.abc.AbstractIncomingMessage]:

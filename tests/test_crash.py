@@ -20,6 +20,7 @@ from tests.support import (
     WorkerProcess,
     drain_dead_letters,
     settle,
+    wait_consumers,
     wait_declared,
     wait_for,
 )
@@ -105,8 +106,7 @@ async def test_message_published_concurrently_to_four_competing_workers_applies_
     channel: aio_pika.abc.AbstractChannel,
 ) -> None:
     workers = [spawn({"IW_PREFETCH": "10", "IW_MAX_BATCH": "5"}) for _ in range(4)]
-    await wait_declared(AMQP_URL, queue_name)
-    await asyncio.sleep(1.0)  # let all four register as consumers
+    await wait_consumers(AMQP_URL, queue_name, 4)
 
     async def publish_copies(copy: int) -> None:
         pub, connection = await Publisher.connect(AMQP_URL)

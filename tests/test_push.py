@@ -8,16 +8,13 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-import aio_pika
 import pytest
 
 from consumers import (
     App,
     DeadToken,
     Publisher,
-    Settings,
     UnknownOutcome,
-    Worker,
     push_job_body,
 )
 from consumers.envelope import REASON_HEADER
@@ -28,7 +25,8 @@ from providers.fakes.env import fakes_env
 from providers.fakes.fcm import FakeFcm
 from tests.apps.push_app import FAST_RETRY
 from tests.conftest import AMQP_URL, Spawn
-from tests.support import WorkerProcess, drain_dead_letters, settle, wait_declared, wait_for
+from tests.harness import Harness
+from tests.support import WorkerProcess, wait_consumers, wait_declared, wait_for
 
 IOS = Target(platform=Platform.IOS, token="ios-token-aaaaaaaaaaaa")
 IOS_2 = Target(platform=Platform.IOS, token="ios-token-bbbbbbbbbbbb")
@@ -102,20 +100,18 @@ async def all_settled(db: DbConnection, n: int) -> bool:
 
 
 async def test_redelivered_push_is_sent_once(
+    harness: Harness,
     pruned: DbConnection,
-    queue_name: str,
-    publisher: Publisher,
-    settings: Settings,
     fake_apns: FakeApns,
     fake_fcm: FakeFcm,
 ) -> None:
-    async with Worker(push_app(queue_name, fake_apns, fake_fcm), settings):
+    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)):
         body = job(IOS, ANDROID)
-        await publisher.publish(queue_name, body, message_id="order-1042-shipped")
-        await publisher.publish(queue_name, body, message_id="order-1042-shipped")
+        await harness.publish(body, message_id="order-1042-shipped")
+        await harness.publish(body, message_id="order-1042-shipped")
         await wait_for(lambda: all_settled(pruned, 2))
-        await publisher.publish(queue_name, body, message_id="order-1042-shipped")
-        await asyncio.sleep(1.0)
+        await harness.publish(body, message_id="order-1042-shipped")
+        await harness.wait_outcome("duplicate_ignored", 2)
     assert len(fake_apns.requests_for(IOS.token)) == 1
     assert len(fake_fcm.requests_for(ANDROID.token)) == 1
     rows = await pruned.fetch(
@@ -129,16 +125,14 @@ async def test_redelivered_push_is_sent_once(
 
 
 async def test_ids_are_derived_from_the_dedupe_key_and_collapse_on_the_device(
+    harness: Harness,
     pruned: DbConnection,
-    queue_name: str,
-    publisher: Publisher,
-    settings: Settings,
     fake_apns: FakeApns,
     fake_fcm: FakeFcm,
 ) -> None:
-    async with Worker(push_app(queue_name, fake_apns, fake_fcm), settings):
-        await publisher.publish(queue_name, job(IOS, IOS_2, ANDROID), message_id="m-1")
-        await publisher.publish(queue_name, job(IOS, collapse_key="order-1042"), message_id="m-2")
+    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)):
+        await harness.publish(job(IOS, IOS_2, ANDROID), message_id="m-1")
+        await harness.publish(job(IOS, collapse_key="order-1042"), message_id="m-2")
         await wait_for(lambda: all_settled(pruned, 4))
     first, second = fake_apns.requests_for(IOS.token)
     other = fake_apns.requests_for(IOS_2.token)[0]
@@ -151,16 +145,14 @@ async def test_ids_are_derived_from_the_dedupe_key_and_collapse_on_the_device(
 
 
 async def test_fanout_job_retried_after_partial_send_sends_only_the_missing_target(
+    harness: Harness,
     pruned: DbConnection,
-    queue_name: str,
-    publisher: Publisher,
-    settings: Settings,
     fake_apns: FakeApns,
     fake_fcm: FakeFcm,
 ) -> None:
     fake_apns.script(IOS_2.token, status=503, times=1)
-    async with Worker(push_app(queue_name, fake_apns, fake_fcm), settings):
-        await publisher.publish(queue_name, job(IOS, IOS_2, ANDROID), message_id="fan-out")
+    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)):
+        await harness.publish(job(IOS, IOS_2, ANDROID), message_id="fan-out")
         await wait_for(lambda: all_settled(pruned, 3), timeout=15)
     assert len(fake_apns.requests_for(IOS.token)) == 1
     assert [r.apns_id for r in fake_apns.requests_for(IOS_2.token)] == [
@@ -175,21 +167,18 @@ async def test_fanout_job_retried_after_partial_send_sends_only_the_missing_targ
 
 
 async def test_unregistered_token_runs_the_hook_once_and_is_not_retried(
+    harness: Harness,
     pruned: DbConnection,
-    queue_name: str,
-    publisher: Publisher,
-    settings: Settings,
     fake_apns: FakeApns,
     fake_fcm: FakeFcm,
-    channel: aio_pika.abc.AbstractChannel,
 ) -> None:
     fake_apns.script(IOS.token, status=410)
     fake_fcm.script(ANDROID.token, status=404)
-    async with Worker(push_app(queue_name, fake_apns, fake_fcm), settings):
-        await publisher.publish(queue_name, job(IOS, ANDROID), message_id="to-dead-devices")
+    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)):
+        await harness.publish(job(IOS, ANDROID), message_id="to-dead-devices")
         await wait_for(lambda: all_settled(pruned, 2))
-        await publisher.publish(queue_name, job(IOS, ANDROID), message_id="to-dead-devices")
-        await asyncio.sleep(1.0)
+        await harness.publish(job(IOS, ANDROID), message_id="to-dead-devices")
+        await harness.wait_outcome("duplicate_ignored")
     assert len(fake_apns.requests_for(IOS.token)) == 1
     assert len(fake_fcm.requests_for(ANDROID.token)) == 1
     hooks = await pruned.fetch("SELECT token, reason FROM pruned_devices ORDER BY token")
@@ -198,20 +187,18 @@ async def test_unregistered_token_runs_the_hook_once_and_is_not_retried(
         (IOS.token, "Unregistered"),
     ]
     assert {s for _, s, _ in await ledger(pruned)} == {"failed"}
-    assert await drain_dead_letters(channel, queue_name) == []
+    assert await harness.dead_letters() == []
 
 
 async def test_429_with_retry_after_is_retried_no_sooner(
+    harness: Harness,
     pruned: DbConnection,
-    queue_name: str,
-    publisher: Publisher,
-    settings: Settings,
     fake_apns: FakeApns,
     fake_fcm: FakeFcm,
 ) -> None:
     fake_apns.script(IOS.token, status=429, retry_after=1, times=1)
-    async with Worker(push_app(queue_name, fake_apns, fake_fcm), settings):
-        await publisher.publish(queue_name, job(IOS), message_id="throttled")
+    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)):
+        await harness.publish(job(IOS), message_id="throttled")
         await wait_for(lambda: all_settled(pruned, 1), timeout=15)
     first, second = fake_apns.requests_for(IOS.token)
     assert second.received_at - first.received_at >= 1.0
@@ -220,16 +207,14 @@ async def test_429_with_retry_after_is_retried_no_sooner(
 
 
 async def test_5xx_is_retried_with_backoff_until_sent(
+    harness: Harness,
     pruned: DbConnection,
-    queue_name: str,
-    publisher: Publisher,
-    settings: Settings,
     fake_apns: FakeApns,
     fake_fcm: FakeFcm,
 ) -> None:
     fake_fcm.script(ANDROID.token, status=503, times=2)
-    async with Worker(push_app(queue_name, fake_apns, fake_fcm), settings):
-        await publisher.publish(queue_name, job(ANDROID), message_id="flaky")
+    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)):
+        await harness.publish(job(ANDROID), message_id="flaky")
         await wait_for(lambda: all_settled(pruned, 1), timeout=15)
     times = [r.received_at for r in fake_fcm.requests_for(ANDROID.token)]
     assert len(times) == 3
@@ -239,18 +224,16 @@ async def test_5xx_is_retried_with_backoff_until_sent(
 
 @pytest.mark.parametrize("policy", [UnknownOutcome.RESEND, UnknownOutcome.SKIP])
 async def test_timeout_applies_the_unknown_outcome_policy(
+    harness: Harness,
     policy: UnknownOutcome,
     pruned: DbConnection,
-    queue_name: str,
-    publisher: Publisher,
-    settings: Settings,
     fake_apns: FakeApns,
     fake_fcm: FakeFcm,
 ) -> None:
     fake_apns.script(IOS.token, latency=3.0, times=1)  # answers after the 1 s timeout
-    app = push_app(queue_name, fake_apns, fake_fcm, timeout=1.0, unknown_outcome=policy)
-    async with Worker(app, settings):
-        await publisher.publish(queue_name, job(IOS), message_id="slow")
+    app = push_app(harness.queue, fake_apns, fake_fcm, timeout=1.0, unknown_outcome=policy)
+    async with harness.run(app):
+        await harness.publish(job(IOS), message_id="slow")
         await wait_for(lambda: all_settled(pruned, 1), timeout=20)
     requests = fake_apns.requests_for(IOS.token)
     if policy is UnknownOutcome.RESEND:
@@ -264,18 +247,15 @@ async def test_timeout_applies_the_unknown_outcome_policy(
 
 
 async def test_invalid_push_job_is_dead_lettered_with_its_reason(
+    harness: Harness,
     pruned: DbConnection,
-    queue_name: str,
-    publisher: Publisher,
-    settings: Settings,
     fake_apns: FakeApns,
     fake_fcm: FakeFcm,
-    channel: aio_pika.abc.AbstractChannel,
 ) -> None:
-    async with Worker(push_app(queue_name, fake_apns, fake_fcm), settings):
-        await publisher.publish(queue_name, {"targets": []}, message_id="empty")
-        await wait_for(lambda: _dead_letters(channel, queue_name, 1))
-    dead = await drain_dead_letters(channel, queue_name)
+    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)):
+        await harness.publish({"targets": []}, message_id="empty")
+        await harness.wait_dead_letters(1)
+    dead = await harness.dead_letters()
     assert dead[0].headers[REASON_HEADER] == "invalid_push_job"
     assert "targets" in str(dead[0].headers["x-error"])
     assert fake_apns.requests == []
@@ -353,8 +333,7 @@ async def test_same_push_job_delivered_to_four_workers_sends_once_per_target(
     for token in tokens:
         fake_apns.script(token, latency=0.3)  # sends overlap the duplicates' arrival
     workers = [spawn_push({"IW_PREFETCH": "8", "IW_MAX_BATCH": "4"}) for _ in range(4)]
-    await wait_declared(AMQP_URL, queue_name)
-    await asyncio.sleep(1.0)
+    await wait_consumers(AMQP_URL, queue_name, 4)
 
     async def publish_all() -> None:
         pub, connection = await Publisher.connect(AMQP_URL)
@@ -367,8 +346,7 @@ async def test_same_push_job_delivered_to_four_workers_sends_once_per_target(
 
     await asyncio.gather(*(publish_all() for _ in range(4)))
     await wait_for(lambda: all_settled(pruned, len(tokens)), timeout=60)
-    await settle(lambda: _request_count(fake_apns), quiet=1.5)
-    for worker in workers:
+    for worker in workers:  # a drained worker has no send left in flight
         worker.terminate()
     for worker in workers:
         await worker.expect_exit(0)
@@ -379,12 +357,3 @@ async def test_same_push_job_delivered_to_four_workers_sends_once_per_target(
     assert logs.count('"push_sent"') == len(tokens)
     assert '"send_in_progress"' in logs  # duplicates did meet a live lease (the 409 path)
     assert "batch_failed" not in logs
-
-
-async def _request_count(fake: FakeApns) -> int:
-    return len(fake.requests)
-
-
-async def _dead_letters(channel: aio_pika.abc.AbstractChannel, queue: str, n: int) -> bool:
-    declared = await channel.declare_queue(f"{queue}.dlq", passive=True)
-    return (declared.declaration_result.message_count or 0) >= n

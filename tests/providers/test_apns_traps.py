@@ -26,6 +26,7 @@ from providers import (
     send_ids,
 )
 from providers.fakes.apns import FakeApns
+from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -86,7 +87,7 @@ async def test_b_cancelled_send_neither_hangs_nor_resends_its_neighbours(
         fake_apns.script(token, latency=0.4)
     victim = asyncio.create_task(_send(apns, "cancelled"))
     others = asyncio.gather(*(_send(apns, t) for t in neighbours))
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: _received(fake_apns, 6), timeout=10)  # all on the wire
     victim.cancel()
 
     results = await others
@@ -167,7 +168,7 @@ async def test_d_aclose_fails_in_flight_requests_without_resending(fake_apns: Fa
     for token in tokens:
         fake_apns.script(token, latency=3.0)
     sends = asyncio.gather(*(_send(provider, t) for t in tokens))
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: _received(fake_apns, 5), timeout=10)  # all on the wire
 
     await provider.aclose()
 
@@ -181,7 +182,7 @@ async def test_d_aclose_lets_in_flight_requests_finish(fake_apns: FakeApns) -> N
     provider = ApnsProvider(fake_apns.settings(timeout_seconds=2.0))
     fake_apns.script("quick", latency=0.2)
     send = asyncio.create_task(_send(provider, "quick"))
-    await asyncio.sleep(0.05)
+    await wait_for(lambda: _received(fake_apns, 1), timeout=10)  # on the wire
 
     await provider.aclose()
 
@@ -206,3 +207,7 @@ async def test_e_two_concurrent_sends_with_one_apns_id_each_get_their_own_answer
     assert isinstance(gone, InvalidDeviceToken)
     assert [r.apns_id for r in fake_apns.requests] == [shared.apns_id] * 2
     assert {r.connection_id for r in fake_apns.requests} == {1}
+
+
+async def _received(fake: FakeApns, n: int) -> bool:
+    return len(fake.requests) >= n
