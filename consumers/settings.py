@@ -20,13 +20,32 @@ class QueueType(StrEnum):
     CLASSIC = "classic"
 
 
+def parse_urls(text: str) -> tuple[str, ...]:
+    """`AMQP_URL`'s addresses: one URL, or several separated by commas."""
+    urls = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not urls:
+        raise ValueError(f"no broker address in {text!r}")
+    return urls
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AmqpSettings:
-    url: str = DEFAULT_AMQP_URL
+    # The broker's addresses: one node, or the nodes of a cluster in the order
+    # this process tries them (give each worker its own order to spread them).
+    urls: tuple[str, ...] = (DEFAULT_AMQP_URL,)
     queue_type: QueueType = QueueType.QUORUM
     # Deliveries of one message before the broker dead-letters it: catches a
     # message that kills the process itself, which no handler can record.
     delivery_limit: int = 20
+
+    def __post_init__(self) -> None:
+        if not self.urls:
+            raise ValueError("AmqpSettings needs at least one broker address")
+
+    @property
+    def url(self) -> str:
+        """The first address: for tools that talk to one node at a time."""
+        return self.urls[0]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,11 +72,11 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Read AMQP_URL, DATABASE_URL, DATABASE_SCHEMA and IW_* variables."""
+        """Read AMQP_URL (comma-separated: a cluster), DATABASE_URL, DATABASE_SCHEMA, IW_*."""
         env = os.environ if env is None else env
         return cls(
             amqp=AmqpSettings(
-                url=env.get("AMQP_URL", DEFAULT_AMQP_URL),
+                urls=parse_urls(env.get("AMQP_URL", DEFAULT_AMQP_URL)),
                 queue_type=QueueType(env.get("IW_QUEUE_TYPE", QueueType.QUORUM)),
                 delivery_limit=int(env.get("IW_DELIVERY_LIMIT", "20")),
             ),

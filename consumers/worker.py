@@ -28,6 +28,7 @@ import structlog
 
 from consumers.app import App
 from consumers.batch import BatchRunner
+from consumers.connection import connect
 from consumers.decisions import ConfigurationError
 from consumers.dispatch import Dispatcher
 from consumers.items import Delivery
@@ -123,11 +124,7 @@ class Worker:
         )
         async with self.pool.acquire() as conn:
             await check_schema(conn, db.schema)
-        self._connection = await aio_pika.connect_robust(
-            amqp.url,
-            # Names the connection in `rabbitmqctl list_connections` and the UI.
-            client_properties={"connection_name": f"idempotent-workers {self.worker_id}"},
-        )
+        self._connection = await connect(amqp.urls, name=f"idempotent-workers {self.worker_id}")
         confirm_channel = await self._connection.channel(publisher_confirms=True)
         dispatcher = Dispatcher(confirm_channel, log_effects=self.log_effects)
         inbox = Inbox(db.schema)

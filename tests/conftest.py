@@ -86,7 +86,7 @@ async def publisher() -> AsyncIterator[Publisher]:
 @pytest.fixture
 def settings(schema: str) -> Settings:
     return Settings(
-        amqp=AmqpSettings(url=AMQP_URL),
+        amqp=AmqpSettings(urls=(AMQP_URL,)),
         database=DatabaseSettings(url=DATABASE_URL, schema=schema),
         worker=WorkerSettings(shutdown_grace_seconds=10),
     )

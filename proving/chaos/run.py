@@ -86,7 +86,7 @@ async def _prepare(postgres: PrivatePostgres, rabbit: PrivateRabbit, target: App
     try:
         channel = await connection.channel()
         for spec in target.specs.values():
-            await declare(channel, spec.queue, spec.retry, AmqpSettings(url=rabbit.url))
+            await declare(channel, spec.queue, spec.retry, AmqpSettings(urls=(rabbit.url,)))
     finally:
         await connection.close()
 
