@@ -89,7 +89,7 @@ async def test_worker_moves_to_the_next_address_when_its_node_goes_away(
                 for n in range(50):
                     await publisher.publish(queue_name, {"n": n}, message_id=f"after-{n}")
                 await wait_for(lambda: effects(100), timeout=90)
-                assert worker._connection is not None
+                assert isinstance(worker._connection, ClusterConnection)
                 assert worker._connection.url == URL(_via(second.port))
                 assert second.connections >= 1
     finally:

@@ -134,15 +134,29 @@ class _Service:
 class PrivateRabbit(_Service):
     name = "rabbitmq"
 
-    def __init__(self, base: Path, port: int, dist_port: int) -> None:
+    def __init__(
+        self,
+        base: Path,
+        port: int,
+        dist_port: int,
+        *,
+        node: str | None = None,
+        cookie: str | None = None,
+        config: str = "",
+    ) -> None:
+        """One node; a cluster's nodes share `cookie` and name each other in `config`."""
         base.mkdir(parents=True, exist_ok=True)
-        node = f"chaos{os.getpid()}@localhost"
+        node = node or f"chaos{os.getpid()}@localhost"
+        if cookie is not None:  # HOME is `base`: the Erlang cookie is read from there
+            cookie_file = base / ".erlang.cookie"
+            cookie_file.write_text(cookie)
+            cookie_file.chmod(0o400)
         (base / "enabled_plugins").write_text("[].\n")
         (base / "rabbitmq.conf").write_text(
             f"listeners.tcp.default = 127.0.0.1:{port}\n"
             "loopback_users = none\n"
             "log.console = false\n"
-            "log.file.level = warning\n"
+            "log.file.level = warning\n" + config
         )
         (base / "rabbitmq-env.conf").write_text("")
         env = {

@@ -1,0 +1,240 @@
+"""A local RabbitMQ cluster on free ports, for tests and the chaos run.
+
+    async with LocalCluster(workdir) as cluster:   # 3 nodes unless told
+        cluster.urls                                # one AMQP URL per node
+        node = await cluster.leader("orders")       # who leads a quorum queue
+        await node.stop(crash=True)                 # SIGKILL of its VM
+        await node.start()                          # back, rejoins on its own
+
+Node i is `iwcluster-<pid>-<i>@localhost` with its own AMQP and
+distribution ports and its own directory under `workdir`; all share one
+Erlang cookie (and the machine's epmd). Node 0 boots first; the others join
+it on their first boot (classic-config peer discovery naming every node), so
+no `join_cluster` round is needed; `start()` checks that all nodes are
+running in one cluster before it returns.
+
+Every node is a direct child (the Popen pid is the Erlang VM's) with a
+parent-death SIGKILL; `__aexit__` kills them all and removes `workdir`, also
+when the body raised. Nodes of an earlier run that outlived it are found by
+their name prefix and killed before a start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Self
+
+from proving.chaos.services import PrivateRabbit, ServiceError, remove_tree
+
+SBIN = Path("/usr/lib/rabbitmq/bin")
+NODE_PREFIX = "iwcluster-"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def kill_leftover_nodes() -> int:
+    """SIGKILL Erlang VMs running a node of ours from a run that died; return how many."""
+    killed = 0
+    mine = f"{NODE_PREFIX}{os.getpid()}-"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        names = [a.decode(errors="replace") for a in argv]
+        if any(n.startswith(NODE_PREFIX) and not n.startswith(mine) for n in names) and any(
+            n.endswith("beam.smp") for n in names
+        ):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+class ClusterCommandError(Exception):
+    """A rabbitmqctl or rabbitmq-queues call failed."""
+
+
+class LocalCluster:
+    """`size` RabbitMQ nodes on this machine, one cluster."""
+
+    def __init__(self, workdir: Path, *, size: int = 3) -> None:
+        self.workdir = workdir
+        self.cookie = secrets.token_hex(16)
+        names = [f"{NODE_PREFIX}{os.getpid()}-{i}@localhost" for i in range(size)]
+        discovery = "cluster_formation.peer_discovery_backend = classic_config\n" + "".join(
+            f"cluster_formation.classic_config.nodes.{i + 1} = {name}\n"
+            for i, name in enumerate(names)
+        )
+        self.nodes = [
+            PrivateRabbit(
+                workdir / f"node{i}",
+                free_port(),
+                free_port(),
+                node=name,
+                cookie=self.cookie,
+                config=discovery,
+            )
+            for i, name in enumerate(names)
+        ]
+        self.home = workdir / "cli"  # the CLI tools' HOME: the same cookie
+        self.home.mkdir(parents=True, exist_ok=True)
+        cookie_file = self.home / ".erlang.cookie"
+        cookie_file.write_text(self.cookie)
+        cookie_file.chmod(0o400)
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    def node_named(self, name: str) -> PrivateRabbit:
+        return next(node for node in self.nodes if node.node == name)
+
+    def running(self) -> list[PrivateRabbit]:
+        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    # -- life cycle ------------------------------------------------------
+
+    async def start(self) -> None:
+        kill_leftover_nodes()
+        first, *others = self.nodes
+        await first.start()
+        await asyncio.gather(*(node.start() for node in others))
+        await self.wait_formed()
+
+    async def wait_formed(self, patience: float = 120.0) -> None:
+        """Until every node reports all nodes running in its cluster."""
+        names = sorted(n.node for n in self.nodes)
+        deadline = asyncio.get_running_loop().time() + patience
+        while True:
+            try:
+                status = await self.ctl("cluster_status", "--formatter", "json", node=self.nodes[0])
+                running = sorted(json.loads(status).get("running_nodes", []))
+                if running == names:
+                    return
+            except ClusterCommandError:
+                pass
+            if asyncio.get_running_loop().time() > deadline:
+                raise ServiceError(f"cluster of {names} not formed within {patience} s")
+            await asyncio.sleep(1.0)
+
+    def kill_now(self) -> None:
+        for node in self.nodes:
+            node.kill_now()
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            self.kill_now()
+            remove_tree(self.workdir)
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.kill_now()
+        remove_tree(self.workdir)
+
+    # -- asking the cluster ---------------------------------------------
+
+    async def ctl(
+        self,
+        *args: str,
+        node: PrivateRabbit | None = None,
+        tool: str = "rabbitmqctl",
+        patience: float = 60.0,
+    ) -> str:
+        """`tool -n NODE args...`'s output; NODE: `node`, or the first running one."""
+        target = node or (self.running() or self.nodes)[0]
+        proc = await asyncio.create_subprocess_exec(
+            str(SBIN / tool),
+            "-n",
+            target.node,
+            "-q",
+            *args,
+            env={
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "HOME": str(self.home),
+                "LANG": "C.UTF-8",
+            },
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), patience)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise ClusterCommandError(
+                f"{tool} {' '.join(args)}: no answer in {patience} s"
+            ) from None
+        if proc.returncode != 0:
+            raise ClusterCommandError(
+                f"{tool} -n {target.node} {' '.join(args)}: {err.decode(errors='replace').strip()}"
+            )
+        return out.decode()
+
+    async def queues(self, names: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+        """name -> {leader, members, online} of the quorum queues, asked of a running node."""
+        error: Exception | None = None
+        for node in self.running():
+            try:
+                out = await self.ctl(
+                    "list_queues",
+                    "name",
+                    "leader",
+                    "members",
+                    "online",
+                    "--formatter",
+                    "json",
+                    node=node,
+                )
+            except ClusterCommandError as exc:
+                error = exc
+                continue
+            rows = json.loads(out or "[]")
+            return {r["name"]: r for r in rows if not names or r["name"] in names}
+        raise ClusterCommandError(f"no running node answered: {error}")
+
+    async def leader(self, queue: str) -> PrivateRabbit | None:
+        """The node leading `queue` now, or None while it has no leader."""
+        row = (await self.queues([queue])).get(queue)
+        leader = row.get("leader") if row else None
+        if not isinstance(leader, str) or leader not in {n.node for n in self.nodes}:
+            return None
+        return self.node_named(leader)
+
+    async def wait_online(self, queues: Sequence[str], patience: float = 120.0) -> None:
+        """Until each of `queues` has a leader and every node online as a member."""
+        deadline = asyncio.get_running_loop().time() + patience
+        want = len(self.nodes)
+        while True:
+            with contextlib.suppress(ClusterCommandError, json.JSONDecodeError):
+                rows = await self.queues(queues)
+                if len(rows) == len(queues) and all(
+                    isinstance(r.get("leader"), str)
+                    and r["leader"]
+                    and len(r.get("online") or []) == want
+                    for r in rows.values()
+                ):
+                    return
+            if asyncio.get_running_loop().time() > deadline:
+                raise ServiceError(f"{list(queues)} not online on {want} nodes in {patience} s")
+            await asyncio.sleep(1.0)
