@@ -17,13 +17,16 @@ the wire, because aioapns' own send path can send one push twice or hang:
 
 One `send` is one attempt: exactly one request reaches APNs, or none
 (`TransientProviderError`), or the outcome is unknown (`UnknownOutcomeError`).
+Streams refused (REFUSED_STREAM) or above a GOAWAY's last stream id were not
+processed (RFC 9113, 8.7): transient. A request starts only if its whole timeout
+fits before the caller's deadline (else `NotStartedInTime`, nothing sent).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import structlog
@@ -34,6 +37,7 @@ from aioapns.connection import (
     APNsTLSClientProtocol,
 )
 from aioapns.exceptions import ConnectionError as ApnsConnectionError
+from h2.errors import ErrorCodes
 from h2.events import (
     ConnectionTerminated,
     DataReceived,
@@ -46,49 +50,34 @@ from h2.events import (
 from h2.exceptions import H2Error, NoAvailableStreamIDError
 
 from providers.apns_h2 import ApnsH2Connection
-from providers.apns_wire import Answer, Lost, Outcome, apns_request, apns_result
-from providers.errors import PermanentProviderError, TransientProviderError, UnknownOutcomeError
+from providers.apns_settings import PRODUCTION_HOST, SANDBOX_HOST, ApnsSettings
+from providers.apns_token import ApnsToken
+from providers.apns_wire import (
+    EXPIRED_TOKEN_REASON,
+    Answer,
+    Lost,
+    NotSentError,
+    Outcome,
+    PendingStream,
+    apns_request,
+    apns_result,
+    reason_of,
+)
+from providers.errors import (
+    NotStartedInTime,
+    PermanentProviderError,
+    TransientProviderError,
+    UnknownOutcomeError,
+)
 from providers.ids import SendIds
 from providers.provider import ProviderReceipt
 from providers.push import Platform, Push
 
+__all__ = ["ApnsProvider", "ApnsSettings"]
+
 log = structlog.get_logger(__name__)
 
-PRODUCTION_HOST = "api.push.apple.com"
-SANDBOX_HOST = "api.sandbox.push.apple.com"
 MAX_STREAMS_PER_CONNECTION = 1000
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ApnsSettings:
-    """How to reach APNs and who we are.
-
-    Auth is a token key (`key`: the .p8 PEM text, `key_id`, `team_id`) or a client
-    certificate (`cert_file`, PEM with its key). `host` defaults to Apple's
-    production or sandbox host (`use_sandbox`). Server trust: `ssl_context`, or
-    `ca_file`, or the system store.
-    """
-
-    topic: str
-    key: str | None = None
-    key_id: str | None = None
-    team_id: str | None = None
-    cert_file: str | None = None
-    host: str | None = None
-    port: int = 443
-    use_sandbox: bool = False
-    ca_file: str | None = None
-    ssl_context: ssl.SSLContext | None = None
-    timeout_seconds: float = 10.0
-    max_connections: int = 10
-
-
-@dataclass(slots=True)
-class _Stream:
-    answer: asyncio.Future[Outcome]
-    status: int = 0
-    headers: dict[str, str] = field(default_factory=dict)
-    body: bytearray = field(default_factory=bytearray)
 
 
 class _ExactlyOnceProtocol(APNsTLSClientProtocol):
@@ -98,7 +87,7 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.streams: dict[int, _Stream] = {}
+        self.streams: dict[int, PendingStream] = {}
         self.abandoned = False
         self.closed = self.loop.create_future()
         self.window_opened = asyncio.Event()
@@ -120,12 +109,12 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
     def start(self, headers: list[tuple[str, str]], body: bytes) -> asyncio.Future[Outcome]:
         """Write one request now, with no await in between: nothing can cancel it half-way."""
         if self.is_busy or self.transport is None or self.transport.is_closing():
-            raise _NotSentError("ConnectionUnavailable")
+            raise NotSentError("ConnectionUnavailable")
         try:
             stream_id = self.conn.get_next_available_stream_id()
         except NoAvailableStreamIDError:
             self.abandoned = True
-            raise _NotSentError("StreamIdsExhausted") from None
+            raise NotSentError("StreamIdsExhausted") from None
         if self.auth_provider is not None:
             headers = [*headers, ("authorization", self.auth_provider.get_header())]
         self.conn.send_headers(stream_id, headers)
@@ -133,7 +122,7 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
         chunks = [body[i : i + frame] for i in range(0, len(body), frame)] or [b""]
         for i, chunk in enumerate(chunks):
             self.conn.send_data(stream_id, chunk, end_stream=i == len(chunks) - 1)
-        stream = _Stream(answer=self.loop.create_future())
+        stream = PendingStream(answer=self.loop.create_future())
         self.streams[stream_id] = stream
         if not self._flush_scheduled:  # one TLS write for all requests started this loop turn
             self._flush_scheduled = True
@@ -171,7 +160,10 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
             elif isinstance(event, StreamEnded) and event.stream_id is not None:
                 self._answer(event.stream_id)
             elif isinstance(event, StreamReset) and event.stream_id is not None:
-                self._finish(event.stream_id, Lost(reason=f"StreamReset({event.error_code})"))
+                # REFUSED_STREAM: the server did not process it (RFC 9113, 8.7).
+                refused = event.error_code == ErrorCodes.REFUSED_STREAM
+                reason = "RefusedStream" if refused else f"StreamReset({event.error_code})"
+                self._finish(event.stream_id, Lost(reason=reason, processed=not refused))
             elif isinstance(event, ConnectionTerminated):
                 self._terminated(event.last_stream_id or 0)
             elif isinstance(event, WindowUpdated | RemoteSettingsChanged):
@@ -240,12 +232,6 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
         self.close()
 
 
-class _NotSentError(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
 class ApnsProvider:
     """Sends iOS pushes to APNs over HTTP/2, one request per attempt, never resent."""
 
@@ -256,35 +242,61 @@ class ApnsProvider:
         if has_key == bool(settings.cert_file):
             raise ValueError("ApnsSettings needs either key, key_id and team_id, or cert_file")
         self.settings = settings
+        self.token: ApnsToken | None = None
+        if has_key:
+            assert settings.key is not None and settings.key_id is not None
+            assert settings.team_id is not None
+            self.token = ApnsToken(
+                key=settings.key,
+                key_id=settings.key_id,
+                team_id=settings.team_id,
+                refresh_seconds=settings.token_refresh_seconds,
+            )
         self._pool: APNsBaseConnectionPool | None = None
         self._closing = False
         self._abandoned: set[_ExactlyOnceProtocol] = set()
 
-    async def send(self, push: Push, ids: SendIds) -> ProviderReceipt:
+    async def send(
+        self, push: Push, ids: SendIds, *, deadline: float | None = None
+    ) -> ProviderReceipt:
         if push.target.platform is not Platform.IOS:
             raise PermanentProviderError("UnsupportedPlatform", provider=self.name)
         headers, body = apns_request(push, ids, host=self._host(), topic=self.settings.topic)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.timeout_seconds
+        timeout = self.settings.timeout_seconds
+        start_by = loop.time() + timeout  # waiting for a connection: one timeout at most
+        if deadline is not None:
+            start_by = min(start_by, deadline - timeout)
         connection = self._ready_connection(len(body))
         if connection is None:
             try:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout_at(start_by):
                     connection = await self._writable_connection(len(body))
             except TimeoutError:
+                if deadline is not None and loop.time() >= deadline - timeout:
+                    raise NotStartedInTime("DeadlineBeforeStart", provider=self.name) from None
                 raise TransientProviderError("NoConnectionAvailable", provider=self.name) from None
+        if loop.time() > start_by:
+            raise NotStartedInTime("DeadlineBeforeStart", provider=self.name)
         try:
             answer = connection.start(headers, body)
-        except _NotSentError as exc:
+        except NotSentError as exc:
             raise TransientProviderError(exc.reason, provider=self.name) from exc
         # asyncio.wait never cancels `answer`: a cancelled send leaves its stream alone.
-        done, _ = await asyncio.wait((answer,), timeout=deadline - loop.time())
+        done, _ = await asyncio.wait((answer,), timeout=timeout)
         if not done:
             connection.abandon(answer, grace=self.settings.timeout_seconds)
             self._abandoned.add(connection)
             connection.closed.add_done_callback(lambda _: self._abandoned.discard(connection))
             raise UnknownOutcomeError("Timeout", provider=self.name)
         outcome = answer.result()
+        if (
+            self.token is not None
+            and isinstance(outcome, Answer)
+            and outcome.status == 403
+            and reason_of(outcome.body) == EXPIRED_TOKEN_REASON
+        ):
+            self.token.expired()
         return apns_result(outcome, sent_apns_id=ids.apns_id, provider=self.name)
 
     async def aclose(self) -> None:
@@ -359,7 +371,8 @@ class ApnsProvider:
             )
         else:
             assert s.key is not None and s.key_id is not None and s.team_id is not None
-            pool = APNsKeyConnectionPool(
+            assert self.token is not None
+            pool = _SharedTokenPool(
                 key=s.key,
                 key_id=s.key_id,
                 team_id=s.team_id,
@@ -368,6 +381,7 @@ class ApnsProvider:
                 use_sandbox=s.use_sandbox,
                 ssl_context=context,
             )
+            pool.token = self.token
         # aioapns connects to the protocol class' APNS_SERVER/APNS_PORT: a class per provider.
         pool.protocol_class = type(
             "ApnsConnection",
@@ -376,3 +390,14 @@ class ApnsProvider:
         )
         self._pool = pool
         return pool
+
+
+class _SharedTokenPool(APNsKeyConnectionPool):
+    """aioapns' key pool, every connection signing with the provider's one token."""
+
+    token: ApnsToken
+
+    async def create_connection(self) -> Any:
+        protocol: Any = self.protocol_class  # aioapns' annotations are narrower than its use
+        factory = partial(protocol, self.apns_topic, self.loop, self.discard_connection, self.token)
+        return await self._create_connection(factory)

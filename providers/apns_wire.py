@@ -2,22 +2,28 @@
 
 Answers map to the error tree (see `providers.errors`):
 200 -> receipt (the answered apns-id); 400 BadDeviceToken / DeviceTokenNotForTopic,
-410 Unregistered / ExpiredToken -> InvalidDeviceToken; 429, 5xx and the provider
-token errors (403 ExpiredProviderToken, TooManyProviderTokenUpdates) -> transient,
-Retry-After honoured; any other 4xx -> permanent.
+410 Unregistered / ExpiredToken -> InvalidDeviceToken; our credentials or
+configuration refused (403 InvalidProviderToken / ExpiredProviderToken /
+MissingProviderToken / BadCertificate..., 400 BadTopic / TopicDisallowed /
+MissingTopic) -> ProviderConfigurationError: no push is at fault; 429, 5xx and
+TooManyProviderTokenUpdates -> transient, Retry-After honoured; any other 4xx ->
+permanent. A stream that ended unprocessed (refused, above a GOAWAY's last stream
+id) is transient; one that may have been processed is an unknown outcome.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from providers.errors import (
     InvalidDeviceToken,
     PermanentProviderError,
+    ProviderConfigurationError,
     TransientProviderError,
     UnknownOutcomeError,
     retry_after_seconds,
@@ -29,9 +35,21 @@ from providers.push import Priority, Push
 INVALID_TOKEN_REASONS = frozenset(
     {"BadDeviceToken", "DeviceTokenNotForTopic", "Unregistered", "ExpiredToken"}
 )
-TRANSIENT_REASONS = frozenset(
-    {"ExpiredProviderToken", "TooManyProviderTokenUpdates", "TooManyRequests", "Shutdown"}
+EXPIRED_TOKEN_REASON = "ExpiredProviderToken"
+CONFIGURATION_REASONS = frozenset(
+    {
+        "InvalidProviderToken",
+        EXPIRED_TOKEN_REASON,
+        "MissingProviderToken",
+        "BadCertificate",
+        "BadCertificateEnvironment",
+        "BadTopic",
+        "TopicDisallowed",
+        "MissingTopic",
+        "Forbidden",
+    }
 )
+TRANSIENT_REASONS = frozenset({"TooManyProviderTokenUpdates", "TooManyRequests", "Shutdown"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +70,24 @@ class Lost:
 
 
 Outcome = Answer | Lost
+
+
+@dataclass(slots=True)
+class PendingStream:
+    """A request on the wire: its answer to come, and the answer's parts as they arrive."""
+
+    answer: asyncio.Future[Outcome]
+    status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytearray = field(default_factory=bytearray)
+
+
+class NotSentError(Exception):
+    """The request was not written (no stream, connection gone): nothing reached APNs."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def apns_request(
@@ -101,9 +137,11 @@ def apns_result(outcome: Outcome, *, sent_apns_id: str, provider: str) -> Provid
         return ProviderReceipt(
             provider=provider, provider_message_id=outcome.headers.get("apns-id", sent_apns_id)
         )
-    reason = _reason(outcome.body) or f"HTTP{status}"
+    reason = reason_of(outcome.body) or f"HTTP{status}"
     if reason in INVALID_TOKEN_REASONS or status == 410:
         raise InvalidDeviceToken(reason, status=status, provider=provider)
+    if reason in CONFIGURATION_REASONS:
+        raise ProviderConfigurationError(reason, status=status, provider=provider)
     if status == 429 or status >= 500 or reason in TRANSIENT_REASONS:
         retry_after = retry_after_seconds(outcome.headers.get("retry-after"))
         raise TransientProviderError(
@@ -112,7 +150,8 @@ def apns_result(outcome: Outcome, *, sent_apns_id: str, provider: str) -> Provid
     raise PermanentProviderError(reason, status=status, provider=provider)
 
 
-def _reason(body: bytes) -> str | None:
+def reason_of(body: bytes) -> str | None:
+    """APNs' `reason` of an error answer's JSON body, if it has one."""
     try:
         decoded = json.loads(body)
     except ValueError:

@@ -5,6 +5,12 @@ ProviderError                  root: every failure a provider raises
   TransientProviderError       429, 5xx, or the connection failed BEFORE the request
                                was written: nothing was sent, retry later
                                (retry_after: the provider's Retry-After, seconds)
+    NotStartedInTime           the request could not start with its whole timeout
+                               before the caller's deadline: nothing was sent
+    ProviderConfigurationError our credentials or configuration were refused (bad or
+                               expired provider token, wrong topic, OAuth refused):
+                               nothing was sent and no push is at fault; pause the
+                               provider until a probe succeeds
   PermanentProviderError       do not retry: invalid payload, bad topic, bad auth...
     InvalidDeviceToken         the token is bad or unregistered: prune the device
   UnknownOutcomeError          timeout, or the connection was lost AFTER the request
@@ -54,6 +60,15 @@ class TransientProviderError(ProviderError):
     def _describe(self) -> str:
         after = f", retry after {self.retry_after:g}s" if self.retry_after is not None else ""
         return super()._describe() + after
+
+
+class NotStartedInTime(TransientProviderError):
+    """The send could not start early enough to be answered before its deadline: not sent."""
+
+
+class ProviderConfigurationError(TransientProviderError):
+    """The provider refused our credentials or configuration, not this push: nothing was
+    sent, and every other push would be refused the same way until someone fixes it."""
 
 
 class PermanentProviderError(ProviderError):

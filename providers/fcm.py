@@ -12,12 +12,22 @@ pyfcm's own send path can send one push twice or never return:
   sends run in a `ThreadPoolExecutor` of `max_workers` threads.
 - a service-account file is loaded lazily by whichever thread sends first, and
   concurrent first sends race: credentials are built once, here, up front.
+- it fetches an OAuth token per thread: here one token per credential is shared
+  by all threads (`providers.fcm_token`), and a 401 drops it for a fresh one.
+
+A send waits in the thread pool's queue before its POST starts; with a
+`deadline`, a POST that cannot start with its whole timeout (connect + read)
+before it is not made: `NotStartedInTime`, nothing sent. Our credentials or
+project refused (401, 403 other than SENDER_ID_MISMATCH, an OAuth refresh
+refused) is `ProviderConfigurationError`: no push is at fault.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +36,6 @@ from typing import Any
 import requests
 import structlog
 from google.auth.credentials import Credentials
-from google.auth.exceptions import GoogleAuthError
 from google.oauth2 import service_account
 from pyfcm import FCMNotification
 from pyfcm.errors import FCMError
@@ -36,11 +45,14 @@ from urllib3.util.retry import Retry
 
 from providers.errors import (
     InvalidDeviceToken,
+    NotStartedInTime,
     PermanentProviderError,
+    ProviderConfigurationError,
     TransientProviderError,
     UnknownOutcomeError,
     retry_after_seconds,
 )
+from providers.fcm_token import FcmAccessToken
 from providers.ids import SendIds
 from providers.provider import ProviderReceipt
 from providers.push import Priority, Push
@@ -51,6 +63,8 @@ GOOGLE_BASE_URL = "https://fcm.googleapis.com"
 MESSAGING_SCOPE = "https://www.googleapis.com/auth/firebase.messaging"
 INVALID_TOKEN_CODES = frozenset({"UNREGISTERED"})
 TRANSIENT_CODES = frozenset({"QUOTA_EXCEEDED", "UNAVAILABLE", "INTERNAL"})
+TOKEN_FORBIDDEN_CODES = frozenset({"SENDER_ID_MISMATCH"})  # a 403 about the device, not us
+CONFIGURATION_CODES = frozenset({"THIRD_PARTY_AUTH_ERROR", "PERMISSION_DENIED"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,15 +102,25 @@ class FcmProvider:
             credentials=credentials, project_id=settings.project_id, adapter=self._adapter
         )
         self._fcm.FCM_END_POINT_BASE = settings.base_url.rstrip("/") + "/v1/projects"
+        self.token = FcmAccessToken(credentials, provider=self.name)
+        self._sessions = threading.local()
         self._executor = ThreadPoolExecutor(settings.max_workers, thread_name_prefix="fcm-send")
         self._closed = False
 
-    async def send(self, push: Push, ids: SendIds) -> ProviderReceipt:
+    async def send(
+        self, push: Push, ids: SendIds, *, deadline: float | None = None
+    ) -> ProviderReceipt:
         if self._closed:
             raise TransientProviderError("ProviderClosed", provider=self.name)
+        start_by = float("inf")
+        if deadline is not None:
+            s = self.settings
+            start_by = deadline - s.connect_timeout_seconds - s.timeout_seconds
+            if time.monotonic() > start_by:
+                raise NotStartedInTime("DeadlineBeforeStart", provider=self.name)
         payload = self._payload(push, ids)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._post, payload)
+        return await loop.run_in_executor(self._executor, self._post, payload, start_by)
 
     async def aclose(self) -> None:
         """Stop taking sends, wait for the ones in flight (each bounded by its timeout)."""
@@ -136,16 +160,19 @@ class FcmProvider:
             raise PermanentProviderError(f"InvalidPayload: {exc}", provider=self.name) from exc
         return payload
 
-    def _post(self, payload: bytes) -> ProviderReceipt:
-        """One POST, in a worker thread. Nothing here retries."""
+    def _post(self, payload: bytes, start_by: float) -> ProviderReceipt:
+        """One POST, in a worker thread, unless it is too late to start. Nothing retries."""
+        authorization = self.token.header()  # the shared token, fetched when due
         try:
-            session = self._fcm.requests_session  # refreshes the OAuth token when due
             url = self._fcm.fcm_end_point
-        except (FCMError, GoogleAuthError, requests.RequestException) as exc:
-            raise TransientProviderError("AccessTokenFailed", provider=self.name) from exc
+        except FCMError as exc:
+            raise ProviderConfigurationError("NoProjectId", provider=self.name) from exc
+        if time.monotonic() > start_by:  # waited in the pool's queue too long
+            raise NotStartedInTime("DeadlineBeforeStart", provider=self.name)
         timeout = (self.settings.connect_timeout_seconds, self.settings.timeout_seconds)
+        headers = {"Content-Type": "application/json", "Authorization": authorization}
         try:
-            response = session.post(url, data=payload, timeout=timeout)
+            response = self._session().post(url, data=payload, headers=headers, timeout=timeout)
         except requests.ConnectTimeout as exc:
             raise TransientProviderError("ConnectTimeout", provider=self.name) from exc
         except requests.ReadTimeout as exc:
@@ -157,8 +184,17 @@ class FcmProvider:
         except requests.RequestException as exc:
             raise UnknownOutcomeError(type(exc).__name__, provider=self.name) from exc
         if response.status_code == 401:
-            self._fcm.thread_local.token_expiry = 0  # fetch a fresh token on the next send
+            self.token.refused(authorization)  # fetch a fresh token on the next send
         return self._receipt(response)
+
+    def _session(self) -> requests.Session:
+        """This thread's session; all share the adapter (its pool) and send no retries."""
+        session: requests.Session | None = getattr(self._sessions, "session", None)
+        if session is None:
+            session = self._sessions.session = requests.Session()
+            session.mount("http://", self._adapter)
+            session.mount("https://", self._adapter)
+        return session
 
     def _receipt(self, response: requests.Response) -> ProviderReceipt:
         status = response.status_code
@@ -171,7 +207,13 @@ class FcmProvider:
             return ProviderReceipt(provider=self.name, provider_message_id=name)
         if code in INVALID_TOKEN_CODES or error.get("about_token"):
             raise InvalidDeviceToken(code, status=status, provider=self.name)
-        if status in (401, 429) or status >= 500 or code in TRANSIENT_CODES:
+        if (
+            status == 401
+            or (status == 403 and code not in TOKEN_FORBIDDEN_CODES)
+            or code in CONFIGURATION_CODES
+        ):
+            raise ProviderConfigurationError(code, status=status, provider=self.name)
+        if status == 429 or status >= 500 or code in TRANSIENT_CODES:
             retry_after = retry_after_seconds(response.headers.get("Retry-After"))
             raise TransientProviderError(
                 code, status=status, provider=self.name, retry_after=retry_after

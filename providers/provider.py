@@ -23,10 +23,17 @@ class Provider(Protocol):
     One call is one attempt: exactly one request reaches the provider, or none (then
     `TransientProviderError`), or the outcome is unknown (`UnknownOutcomeError`).
     A provider never resends on its own.
+
+    `deadline` (`time.monotonic()` seconds, the clock of asyncio's loop) is when the
+    caller stops trusting an answer, its ledger lease ending: a request that cannot
+    start with its whole timeout before it is not sent at all (`NotStartedInTime`),
+    whatever queue it waited in. None: no deadline but the provider's own timeout.
     """
 
     name: str
 
-    async def send(self, push: Push, ids: SendIds) -> ProviderReceipt: ...
+    async def send(
+        self, push: Push, ids: SendIds, *, deadline: float | None = None
+    ) -> ProviderReceipt: ...
 
     async def aclose(self) -> None: ...

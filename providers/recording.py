@@ -39,7 +39,9 @@ class RecordingProvider:
     def sends_to(self, token: str) -> list[RecordedSend]:
         return [s for s in self.sends if s.push.target.token == token]
 
-    async def send(self, push: Push, ids: SendIds) -> ProviderReceipt:
+    async def send(
+        self, push: Push, ids: SendIds, *, deadline: float | None = None
+    ) -> ProviderReceipt:
         if self.closed:
             raise RuntimeError("RecordingProvider.send after aclose()")
         self.sends.append(RecordedSend(push=push, ids=ids))

@@ -19,8 +19,10 @@ class PlatformRouter:
     def provider_for(self, platform: Platform) -> Provider:
         return self.apns if platform is Platform.IOS else self.fcm
 
-    async def send(self, push: Push, ids: SendIds) -> ProviderReceipt:
-        return await self.provider_for(push.target.platform).send(push, ids)
+    async def send(
+        self, push: Push, ids: SendIds, *, deadline: float | None = None
+    ) -> ProviderReceipt:
+        return await self.provider_for(push.target.platform).send(push, ids, deadline=deadline)
 
     async def aclose(self) -> None:
         try:

@@ -25,6 +25,7 @@ from typing import Any, Self
 
 from h2.config import H2Configuration
 from h2.connection import H2Connection
+from h2.errors import ErrorCodes
 from h2.events import (
     ConnectionTerminated,
     DataReceived,
@@ -53,13 +54,18 @@ DEFAULT_REASONS = {
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ApnsReply:
     """How the fake answers: after `latency` seconds, `status` and `reason`, or drop the
-    connection (after reading the request, before answering)."""
+    connection (after reading the request, before answering), or `refuse` the stream
+    (RST_STREAM REFUSED_STREAM), or `goaway`: GOAWAY naming the stream before this one
+    as the last processed (this one and later ones unprocessed), then no more answers
+    on that connection."""
 
     status: int = 200
     reason: str | None = None
     latency: float = 0.0
     drop: bool = False
     retry_after: int | None = None
+    refuse: bool = False
+    goaway: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,17 +172,30 @@ class FakeApns:
         latency: float = 0.0,
         drop: bool = False,
         retry_after: int | None = None,
+        refuse: bool = False,
+        goaway: bool = False,
         times: int | None = None,
     ) -> None:
         """Answer `token`'s next `times` requests (all, if None) this way; scripts queue up."""
         reason = reason if reason is not None or status == 200 else DEFAULT_REASONS.get(status)
         reply = ApnsReply(
-            status=status, reason=reason, latency=latency, drop=drop, retry_after=retry_after
+            status=status,
+            reason=reason,
+            latency=latency,
+            drop=drop,
+            retry_after=retry_after,
+            refuse=refuse,
+            goaway=goaway,
         )
         self._scripts.setdefault(token, deque()).append(_Script(reply=reply, remaining=times))
 
     def requests_for(self, token: str) -> list[ApnsRequest]:
         return [r for r in self.requests if r.token == token]
+
+    @property
+    def provider_tokens(self) -> list[str]:
+        """The distinct `authorization` headers (provider JWTs) read, first use first."""
+        return list(dict.fromkeys(r.headers.get("authorization", "") for r in self.requests))
 
     def drop_connections(self) -> None:
         """Cut every open connection now, without answering."""
@@ -247,6 +266,7 @@ class _ServerConnection(asyncio.Protocol):
         encode = functools.partial(self.h2.encoder.encode, huffman=False)
         self.h2.encoder.encode = encode  # type: ignore[method-assign]  # h2 has no huffman option
         self.flush_scheduled = False
+        self.going_away = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -326,7 +346,10 @@ class _ServerConnection(asyncio.Protocol):
         if reply.drop:
             self.drop()
             return
-        if self.transport is None or self.transport.is_closing():
+        if self.transport is None or self.transport.is_closing() or self.going_away:
+            return
+        if reply.refuse or reply.goaway:
+            self.refuse(stream_id, goaway=reply.goaway)
             return
         headers = [(":status", str(reply.status)), ("apns-id", apns_id)]
         if reply.retry_after is not None:
@@ -348,6 +371,18 @@ class _ServerConnection(asyncio.Protocol):
         if not self.flush_scheduled:  # one write for every answer due this loop turn
             self.flush_scheduled = True
             self.loop.call_soon(self.flush)
+
+    def refuse(self, stream_id: int, *, goaway: bool) -> None:
+        """RST_STREAM(REFUSED_STREAM), or GOAWAY with the previous stream as the last one."""
+        try:
+            if goaway:
+                self.going_away = True
+                self.h2.close_connection(last_stream_id=max(stream_id - 2, 0))
+            else:
+                self.h2.reset_stream(stream_id, error_code=ErrorCodes.REFUSED_STREAM)
+        except H2Error:
+            return
+        self.flush()
 
     def pump(self) -> None:
         """Send pending bodies as far as flow control allows; the rest on WINDOW_UPDATE."""

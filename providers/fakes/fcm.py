@@ -92,7 +92,12 @@ class FakeFcm:
     def __init__(self, *, project_id: str = "fake-project") -> None:
         self.project_id = project_id
         self.requests: list[FcmRequest] = []
-        self.token_requests = 0
+        self.unscripted = FcmReply()  # the answer to a token with no script
+        self.token_requests = 0  # OAuth token grants asked for
+        self.token_lifetime = 3600  # seconds each granted access token is accepted
+        self.refuse_tokens = False  # answer the OAuth route with 400 invalid_grant
+        self.refused_requests = 0  # sends answered 401: no token, or an expired one
+        self._tokens: dict[str, float] = {}  # granted access token -> expiry (monotonic)
         self._scripts: dict[str, deque[_Script]] = {}
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -179,7 +184,7 @@ class FakeFcm:
                 script.remaining -= 1
                 return script.reply
             scripts.popleft()
-        return FcmReply()
+        return self.unscripted
 
     def _service_account(self) -> dict[str, str]:
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -228,13 +233,21 @@ class FakeFcm:
         body = await reader.readexactly(int(headers.get("content-length", "0")))
         if method == "POST" and path == "/token":
             self.token_requests += 1
-            grant = {"access_token": ACCESS_TOKEN, "expires_in": 3600, "token_type": "Bearer"}
-            await _respond(writer, 200, grant)
+            if self.refuse_tokens:
+                refusal = {"error": "invalid_grant", "error_description": "Invalid JWT"}
+                await _respond(writer, 400, refusal)
+                return True
+            token = f"{ACCESS_TOKEN}-{self.token_requests}"
+            self._tokens[token] = time.monotonic() + self.token_lifetime
+            grant = {"access_token": token, "expires_in": self.token_lifetime}
+            await _respond(writer, 200, grant | {"token_type": "Bearer"})
             return True
         if method != "POST" or path != f"/v1/projects/{self.project_id}/messages:send":
             await _respond(writer, 404, _error_body(404, "NOT_FOUND", None, "no such route"))
             return True
-        if headers.get("authorization") != f"Bearer {ACCESS_TOKEN}":
+        bearer = headers.get("authorization", "").removeprefix("Bearer ")
+        if self._tokens.get(bearer, 0.0) < time.monotonic():  # unknown or expired
+            self.refused_requests += 1
             await _respond(writer, 401, _error_body(401, None, None, "bad credentials"))
             return True
         message = json.loads(body)["message"]
