@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 import structlog
 
+from consumers import dlq_command
 from consumers.app import load_app
 from consumers.logs import configure_logging
 from consumers.settings import Settings
@@ -125,10 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("args", nargs=argparse.REMAINDER)
     chaos = sub.add_parser("chaos", help="faults on a schedule, then count lost and doubled")
     chaos.add_argument("args", nargs=argparse.REMAINDER)
-    dlq = sub.add_parser("dlq", help="list or replay dead letters")
-    dlq.add_argument("action", choices=["list", "replay"])
-    dlq.add_argument("queue")
-    dlq.add_argument("--limit", type=int, default=100)
+    dlq_command.register(sub)
     return parser
 
 
@@ -161,10 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = tool_main(args.args, settings)
             return code
         if args.command == "dlq":
-            from consumers.deadletters import run_dlq
-
-            code = asyncio.run(run_dlq(settings, args.action, args.queue, limit=args.limit))
-            return code
+            return asyncio.run(dlq_command.run(args, settings))
     except DedupeError as exc:
         print(f"idempotent-workers: {exc}", file=sys.stderr)
         return 2

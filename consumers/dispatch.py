@@ -31,7 +31,12 @@ log = structlog.get_logger(__name__)
 
 PUBLISH_TRIES = 5  # over about 7 s, long enough for a robust channel to come back
 ERROR_HEADER = "x-error"
-QUEUE_HEADER = "x-original-queue"
+QUEUE_HEADER = (
+    "x-original-queue"  # informative: a replay never routes by it (a publisher can forge it)
+)
+# When the message was first dead-lettered (epoch ms), kept through replays:
+# `dlq replay` refuses one older than retention, whose claim may be deleted.
+DEAD_LETTERED_AT_HEADER = "x-dead-lettered-at"
 
 
 class Dispatcher:
@@ -91,6 +96,7 @@ class Dispatcher:
                 f"max_attempts_exceeded:{verdict.reason}" if item.exhausted else verdict.reason
             )
             headers[QUEUE_HEADER] = spec.queue
+            stamp_dead_lettered(headers)
             routing_key = dead_letter_queue(spec.queue)
         message = aio_pika.Message(
             delivery.body,
@@ -156,6 +162,15 @@ class Dispatcher:
             log.info(str(outcome), **fields)
         else:
             log.warning(str(outcome), **fields)
+
+
+def stamp_dead_lettered(headers: dict[str, Any], now: float | None = None) -> None:
+    """Set `x-dead-lettered-at` to the earliest of what it holds and now."""
+    now_ms = int((time.time() if now is None else now) * 1000)
+    held = headers.get(DEAD_LETTERED_AT_HEADER)
+    if isinstance(held, int) and not isinstance(held, bool) and 0 < held < now_ms:
+        now_ms = held
+    headers[DEAD_LETTERED_AT_HEADER] = now_ms
 
 
 def _needs_move(item: Item) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from enum import StrEnum
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -65,10 +66,31 @@ class WorkerSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RetentionSettings:
+    """How long dedupe rows live, and what must fit in that time (see consumers.horizon)."""
+
+    keep_days: float = 7.0  # claims and settled sends are deleted after this
+    # How long after a message's last retry a dead letter may still be
+    # replayed safely: retention must cover the retry horizon plus this.
+    replay_window_days: float = 3.0
+    cleanup_interval_seconds: float | None = None  # `run` cleans up this often; None: never
+    cleanup_batch_size: int = 5_000
+
+    @property
+    def keep(self) -> timedelta:
+        return timedelta(days=self.keep_days)
+
+    @property
+    def replay_window(self) -> timedelta:
+        return timedelta(days=self.replay_window_days)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     amqp: AmqpSettings = field(default_factory=AmqpSettings)
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -91,5 +113,13 @@ class Settings:
                 concurrency=int(env.get("IW_CONCURRENCY", "1")),
                 max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", "1048576")),
                 shutdown_grace_seconds=float(env.get("IW_SHUTDOWN_GRACE", "30")),
+            ),
+            retention=RetentionSettings(
+                keep_days=float(env.get("IW_RETENTION_DAYS", "7")),
+                replay_window_days=float(env.get("IW_REPLAY_WINDOW_DAYS", "3")),
+                cleanup_interval_seconds=(
+                    float(env["IW_CLEANUP_INTERVAL"]) if env.get("IW_CLEANUP_INTERVAL") else None
+                ),
+                cleanup_batch_size=int(env.get("IW_CLEANUP_BATCH", "5000")),
             ),
         )

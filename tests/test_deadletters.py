@@ -1,0 +1,276 @@
+"""`idempotent-workers dlq list|show|replay`: the commands, run as real processes.
+
+Dead letters are put straight into `<queue>.dlq` with the headers a worker
+(or a forger) would give them, then the CLI is run against the real broker.
+"""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aio_pika
+import pytest
+
+from consumers import AmqpSettings
+from consumers.dispatch import DEAD_LETTERED_AT_HEADER
+from consumers.retry import RetryPolicy, dead_letter_queue
+from consumers.topology import declare
+from dedupe import DbConnection, Retention, cleanup
+from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
+from tests.support import ROOT, wait_declared, wait_for
+
+DAY_MS = 86_400_000
+
+
+class RawUtf8(str):
+    """A header value that pamqp writes as these bytes: not UTF-8, as another client may send."""
+
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> RawUtf8:
+        value = super().__new__(cls, "?")
+        value.raw = raw
+        return value
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self.raw
+
+
+def run_cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "consumers", *args],
+        env={"AMQP_URL": AMQP_URL, "DATABASE_URL": DATABASE_URL, "PATH": "/usr/bin", **(env or {})},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+async def topology(
+    channel: aio_pika.abc.AbstractChannel, queue_name: str, retry_policy: RetryPolicy
+) -> str:
+    await declare(channel, queue_name, retry_policy, AmqpSettings(url=AMQP_URL))
+    return queue_name
+
+
+@pytest.fixture
+async def other_queue(channel: aio_pika.abc.AbstractChannel) -> AsyncIterator[str]:
+    name = f"test.other.{uuid.uuid4().hex[:12]}"
+    await channel.declare_queue(name, durable=True)
+    yield name
+    await channel.queue_delete(name)
+
+
+async def put_dead_letter(
+    channel: aio_pika.abc.AbstractChannel,
+    queue: str,
+    message_id: str,
+    *,
+    reason: str = "max_attempts_exceeded:handler_error",
+    age_ms: int = 0,
+    body: bytes = b'{"n": 1}',
+    headers: Mapping[str, Any] | None = None,
+) -> None:
+    all_headers: dict[str, Any] = {
+        "x-reason": reason,
+        "x-attempt": 3,
+        "x-error": "RuntimeError('boom')",
+        DEAD_LETTERED_AT_HEADER: int(time.time() * 1000) - age_ms,
+        **(headers or {}),
+    }
+    await channel.default_exchange.publish(
+        aio_pika.Message(
+            body,
+            message_id=message_id,
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            headers=all_headers,
+        ),
+        routing_key=dead_letter_queue(queue),
+    )
+
+
+async def count(channel: aio_pika.abc.AbstractChannel, queue: str) -> int:
+    declared = await channel.declare_queue(queue, passive=True)
+    assert declared.declaration_result.message_count is not None
+    return declared.declaration_result.message_count
+
+
+async def ids_in(channel: aio_pika.abc.AbstractChannel, queue: str) -> list[str]:
+    """Take every message of `queue` (acked) and return their message ids."""
+    found = await channel.get_queue(queue, ensure=True)
+    taken = []
+    while (message := await found.get(no_ack=True, fail=False)) is not None:
+        taken.append(message.message_id or "")
+    return taken
+
+
+async def test_replay_targets_the_queue_the_dlq_belongs_to_not_a_forged_header(
+    channel: aio_pika.abc.AbstractChannel, topology: str, other_queue: str
+) -> None:
+    await put_dead_letter(channel, topology, "forged-1", headers={"x-original-queue": other_queue})
+    done = run_cli("dlq", "replay", topology)
+    assert done.returncode == 0, done.stderr
+    assert await ids_in(channel, other_queue) == []
+    assert await ids_in(channel, topology) == ["forged-1"]
+
+
+async def test_replay_reports_and_skips_a_header_that_is_not_utf8(
+    channel: aio_pika.abc.AbstractChannel, topology: str
+) -> None:
+    await put_dead_letter(channel, topology, "bad-header", headers={"x-note": RawUtf8(b"\xff\xfe")})
+    await put_dead_letter(channel, topology, "good-1")
+    for _ in range(2):  # a second run is not stopped by the same message either
+        done = run_cli("dlq", "replay", topology)
+        assert done.returncode == 0, done.stderr
+        assert "skipped" in done.stdout and "bad-header" in done.stdout
+        assert "x-note" in done.stdout
+    assert await ids_in(channel, topology) == ["good-1"]
+    assert await ids_in(channel, dead_letter_queue(topology)) == ["bad-header"]
+
+
+async def test_replay_dry_run_changes_nothing_and_says_what_it_would_do(
+    channel: aio_pika.abc.AbstractChannel, topology: str
+) -> None:
+    for n in range(3):
+        await put_dead_letter(channel, topology, f"dry-{n}")
+    done = run_cli("dlq", "replay", topology, "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert [line.split()[0] for line in done.stdout.splitlines()[:3]] == ["would_replay"] * 3
+    assert "replayed=0 would_replay=3" in done.stdout
+    assert await count(channel, topology) == 0
+    assert sorted(await ids_in(channel, dead_letter_queue(topology))) == ["dry-0", "dry-1", "dry-2"]
+
+
+async def test_replay_filters_by_reason_message_id_since_and_limit(
+    channel: aio_pika.abc.AbstractChannel, topology: str
+) -> None:
+    await put_dead_letter(channel, topology, "a", reason="max_attempts_exceeded:handler_error")
+    await put_dead_letter(channel, topology, "b", reason="invalid_json")
+    await put_dead_letter(channel, topology, "c", reason="max_attempts_exceeded:handler_error")
+    await put_dead_letter(channel, topology, "old", reason="invalid_json", age_ms=2 * DAY_MS)
+    await put_dead_letter(channel, topology, "d", reason="max_attempts_exceeded:timeout")
+
+    assert (
+        run_cli("dlq", "replay", topology, "--reason", "invalid_json", "--since", "1d").returncode
+        == 0
+    )
+    assert await ids_in(channel, topology) == ["b"]
+    assert run_cli("dlq", "replay", topology, "--message-id", "c").returncode == 0
+    assert await ids_in(channel, topology) == ["c"]
+    done = run_cli("dlq", "replay", topology, "--reason", "max_attempts_exceeded:*", "--limit", "1")
+    assert done.returncode == 0, done.stderr
+    assert await ids_in(channel, topology) == ["a"]
+    left = await ids_in(channel, dead_letter_queue(topology))
+    assert sorted(left) == ["d", "old"]
+
+
+async def test_replay_refuses_a_message_older_than_retention_unless_forced(
+    channel: aio_pika.abc.AbstractChannel, topology: str
+) -> None:
+    await put_dead_letter(channel, topology, "ancient", age_ms=8 * DAY_MS)
+    done = run_cli("dlq", "replay", topology, env={"IW_RETENTION_DAYS": "7"})
+    assert done.returncode == 0, done.stderr
+    assert "refused" in done.stdout and "ancient" in done.stdout and "--force" in done.stdout
+    assert await count(channel, topology) == 0
+    done = run_cli("dlq", "replay", topology, "--force", env={"IW_RETENTION_DAYS": "7"})
+    assert done.returncode == 0, done.stderr
+    assert await ids_in(channel, topology) == ["ancient"]
+
+
+async def test_list_and_show_escape_what_they_print(
+    channel: aio_pika.abc.AbstractChannel, topology: str
+) -> None:
+    evil_id = "evil\x1b[2J\x1b]0;pwned\x07"
+    await put_dead_letter(
+        channel,
+        topology,
+        evil_id,
+        headers={"x-error": "boom\x00\x1b[31mred", "x-tenant": "t\u202eenant"},
+        body=b'{"text": "line\\u001b[1mbold"}',
+    )
+    listed = run_cli("dlq", "list", topology)
+    assert listed.returncode == 0, listed.stderr
+    assert not any(ch in listed.stdout for ch in "\x00\x07\x1b\u202e"), repr(listed.stdout)
+    assert "evil\\x1b[2J" in listed.stdout
+    shown = run_cli("dlq", "show", topology, evil_id)
+    assert shown.returncode == 0, shown.stderr
+    assert not any(ch in shown.stdout for ch in "\x00\x07\x1b\u202e"), repr(shown.stdout)
+    assert "evil\\x1b[2J" in shown.stdout
+    assert "boom\\x00\\x1b[31mred" in shown.stdout
+    assert "t\\u202eenant" in shown.stdout
+    assert "x-reason" in shown.stdout and "content_type" in shown.stdout
+    assert '"text"' in shown.stdout
+    # Reading did not take anything away.
+    assert await count(channel, dead_letter_queue(topology)) == 1
+
+
+async def test_worker_dates_its_dead_letters_so_a_replay_can_tell_their_age(
+    db: DbConnection, channel: aio_pika.abc.AbstractChannel, queue_name: str, spawn: Spawn
+) -> None:
+    worker = spawn()
+    await wait_declared(AMQP_URL, queue_name)
+    before = int(time.time() * 1000)
+    await channel.default_exchange.publish(
+        aio_pika.Message(b"not json", message_id="poison-1"), routing_key=queue_name
+    )
+
+    async def dead_lettered() -> bool:
+        return await count(channel, dead_letter_queue(queue_name)) == 1
+
+    await wait_for(dead_lettered, timeout=60)
+    worker.terminate()
+    await worker.expect_exit(0)
+    dlq = await channel.get_queue(dead_letter_queue(queue_name), ensure=True)
+    letter = await dlq.get(no_ack=True)
+    stamp = (letter.headers or {})[DEAD_LETTERED_AT_HEADER]
+    assert isinstance(stamp, int) and before <= stamp <= int(time.time() * 1000)
+
+
+async def test_replay_of_a_message_older_than_retention_is_refused_and_with_force_applies(
+    db: DbConnection,
+    schema: str,
+    channel: aio_pika.abc.AbstractChannel,
+    queue_name: str,
+    spawn: Spawn,
+) -> None:
+    """The case retention exists for: a copy replayed after its claim was cleaned up."""
+    worker = spawn()
+    await wait_declared(AMQP_URL, queue_name)
+    await channel.default_exchange.publish(
+        aio_pika.Message(b'{"n": 7}', message_id="order-7", content_type="application/json"),
+        routing_key=queue_name,
+    )
+
+    async def effects(n: int) -> bool:
+        return bool(await db.fetchval("SELECT count(*) FROM effects") == n)
+
+    await wait_for(lambda: effects(1), timeout=60)
+    # A copy of the same job dead-lettered 8 days ago, and retention (7 days)
+    # has since deleted the job's claim.
+    await put_dead_letter(channel, queue_name, "order-7", body=b'{"n": 7}', age_ms=8 * DAY_MS)
+    await db.execute("UPDATE processed_messages SET processed_at = now() - interval '8 days'")
+    deleted = await cleanup(db, schema, Retention(keep=datetime.timedelta(days=7)))
+    assert deleted.processed_messages == 1
+
+    refused = run_cli("dlq", "replay", queue_name, env={"IW_RETENTION_DAYS": "7"})
+    assert refused.returncode == 0, refused.stderr
+    assert refused.stdout.startswith("refused") and "replayed=0" in refused.stdout
+    assert await count(channel, dead_letter_queue(queue_name)) == 1
+
+    forced = run_cli("dlq", "replay", queue_name, "--force", env={"IW_RETENTION_DAYS": "7"})
+    assert forced.returncode == 0, forced.stderr
+    assert "replayed=1" in forced.stdout
+    # What --force risks, shown: with the claim gone, the effect applies again.
+    await wait_for(lambda: effects(2), timeout=60)
+    worker.terminate()
+    await worker.expect_exit(0)
