@@ -6,9 +6,10 @@ acks takes up to `most` messages, and closing its channel gives them all back
 in their places. What that costs, measured on RabbitMQ 3.10: the broker
 counts every return as a delivery, so each read raises each message's
 `x-delivery-count` by one (a `basic.get` that is never acked, or one
-followed by `nack(requeue=True)`, costs the same one). Our dead-letter queues have no delivery limit on RabbitMQ 3.x, so the
-count is only a number there; RabbitMQ 4.x gives quorum queues a default
-limit of 20 (the README says what to set).
+followed by `nack(requeue=True)`, costs the same one). Our dead-letter
+queues have no delivery limit on RabbitMQ 3.x, so the count is only a number
+there; RabbitMQ 4.x gives quorum queues a default limit of 20 (the README
+says what to set).
 
 When a message was first dead-lettered travels with it, in
 `x-dead-lettered-at` (epoch milliseconds, the earliest ever set: a replayed

@@ -58,7 +58,7 @@ def run_cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Comp
 async def topology(
     channel: aio_pika.abc.AbstractChannel, queue_name: str, retry_policy: RetryPolicy
 ) -> str:
-    await declare(channel, queue_name, retry_policy, AmqpSettings(url=AMQP_URL))
+    await declare(channel, queue_name, retry_policy, AmqpSettings(urls=(AMQP_URL,)))
     return queue_name
 
 
