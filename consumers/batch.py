@@ -18,6 +18,7 @@ the claims make a repeat harmless, and nothing is acked before a commit.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from consumers.decisions import Reject, Retry
 from consumers.dispatch import Dispatcher
 from consumers.faults import CrashPoint, Faults
 from consumers.items import Delivery, Item, decode_batch
+from consumers.metrics import ConsumerMetrics
 from consumers.rerun import rerun_after_disconnect, rollback_quietly
 from consumers.settings import WorkerSettings
 from consumers.spec import HandlerSpec
@@ -68,6 +70,7 @@ class BatchRunner:
         dispatcher: Dispatcher,
         settings: WorkerSettings,
         faults: Faults,
+        metrics: ConsumerMetrics,
     ) -> None:
         self.spec = spec
         self.pool = pool
@@ -75,18 +78,22 @@ class BatchRunner:
         self.dispatcher = dispatcher
         self.settings = settings
         self.faults = faults
+        self.metrics = metrics
 
     async def run(self, deliveries: Sequence[Delivery]) -> None:
         """Decide, commit and acknowledge every delivery of the batch."""
         items = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
         pending = [i for i in items if i.verdict is None]
         if pending:
+            began = time.perf_counter()
             await rerun_after_disconnect(
                 lambda: self._transact(pending),
                 pending,
                 consumer=self.spec.queue,
                 event="batch_rerun",
+                stalled=self.metrics.database_stalled,
             )
+            self.metrics.commit_seconds.observe(time.perf_counter() - began)
         self.faults.reached(CrashPoint.AFTER_COMMIT)
         await self.dispatcher.settle(self.spec, items)
 
@@ -136,14 +143,19 @@ class BatchRunner:
         """No savepoints: any handler error sends the batch to the careful path."""
         staged: dict[str, list[Sequence[Any]]] = {}
         contexts = [self._context(conn, i, staged) for i in fresh]
+        timed = self.metrics.handler_seconds
         try:
             if self.spec.handle_batch is not None:
                 if contexts:
+                    began = time.perf_counter()
                     await self.spec.handle_batch(Batch(tx=conn, messages=contexts))
+                    timed.observe(time.perf_counter() - began)
             else:
                 assert self.spec.handle is not None
                 for ctx in contexts:
+                    began = time.perf_counter()
                     await self.spec.handle(ctx)
+                    timed.observe(time.perf_counter() - began)
             for sql, rows in staged.items():
                 await conn.executemany(sql, rows)
         except CONNECTION_ERRORS:

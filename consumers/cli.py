@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import signal
+import os
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
@@ -19,10 +19,9 @@ import asyncpg
 import structlog
 
 from consumers import dlq_command
-from consumers.app import load_app
 from consumers.logs import configure_logging
+from consumers.process import run_process
 from consumers.settings import Settings
-from consumers.worker import Worker
 from dedupe import DedupeError, Retention, cleanup, migrate
 
 log = structlog.get_logger(__name__)
@@ -61,38 +60,32 @@ async def _cleanup(settings: Settings, keep_days: float, batch_size: int) -> int
     return 0
 
 
-async def _run(target: str, settings: Settings) -> int:
-    app = load_app(target)
-    worker = Worker(app, settings)
-    # Handlers go in before start(), which can take a while when a service is
-    # slow to answer: a SIGTERM then abandons the start and closes what it opened.
-    stop_requested = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop_requested.set)
-    starting = asyncio.create_task(worker.start())
-    waiting = asyncio.create_task(stop_requested.wait())
+def _processes(text: str) -> int:
+    """`--processes N`, or `auto`: one per core."""
+    if text == "auto":
+        return os.cpu_count() or 1
     try:
-        done, _ = await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
-        if starting in done:
-            starting.result()  # a failed start raises here
-            await waiting  # consume until SIGTERM or SIGINT
-        else:
-            log.info("start_abandoned", reason="stop requested while starting")
-            starting.cancel()
-            try:
-                await starting
-            except asyncio.CancelledError:
-                pass
-            except Exception as exc:
-                # Cut short inside a library call (a channel half open, say),
-                # a start can end in that step's error rather than the
-                # cancellation: the stop was asked for, so it is not a failure.
-                log.info("start_abandoned_with_error", error=f"{type(exc).__name__}: {exc}")
-    finally:
-        waiting.cancel()
-        await worker.stop()
-    return 0
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("at least 1 process")
+    return n
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.processes == 1:
+        return asyncio.run(run_process(args.target, settings))
+    from consumers.supervisor import RestartPolicy, Supervisor
+
+    supervisor = Supervisor(
+        args.target,
+        args.processes,
+        settings,
+        policy=RestartPolicy(max_restarts=args.max_restarts, window_seconds=args.restart_window),
+        log_level=args.log_level,
+    )
+    return asyncio.run(supervisor.run())
 
 
 def _proving_tool(name: str) -> Any:
@@ -115,6 +108,20 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="create or upgrade the dedupe tables (safe to run concurrently)")
     run = sub.add_parser("run", help="run the handlers of MODULE:APP until SIGTERM")
     run.add_argument("target", metavar="MODULE:APP")
+    run.add_argument(
+        "--processes",
+        type=_processes,
+        default=1,
+        metavar="N",
+        help="worker processes under a supervisor (default 1: no supervisor; auto: one per core)",
+    )
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="with --processes: give up (exit 1) past this many deaths within --restart-window",
+    )
+    run.add_argument("--restart-window", type=float, default=60.0, metavar="SECONDS")
     demo = sub.add_parser("demo", help="the end-to-end demo: crashes, duplicates, a report")
     demo.add_argument("--jobs", type=int, default=10_000)
     demo.add_argument("--pushes", type=int, default=1_000)
@@ -147,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "cleanup":
             return asyncio.run(_cleanup(settings, args.keep_days, args.batch_size))
         if args.command == "run":
-            return asyncio.run(_run(args.target, settings))
+            return _run(args, settings)
         if args.command == "demo":
             run_demo = _proving_tool("demo").run_demo
             code: int = asyncio.run(

@@ -20,6 +20,7 @@ import structlog
 
 from consumers.envelope import ATTEMPT_HEADER, NO_MESSAGE_ID_HEADER, REASON_HEADER, attempt_of
 from consumers.logs import OutcomeLines, outcome_lines
+from consumers.metrics import ConsumerMetrics, Metrics
 from consumers.retry import dead_letter_queue, tier_queue
 from consumers.verdict import Outcome
 
@@ -42,9 +43,16 @@ DEAD_LETTERED_AT_HEADER = "x-dead-lettered-at"
 class Dispatcher:
     """Publishes on one confirm channel shared by the worker's batch loops."""
 
-    def __init__(self, channel: aio_pika.abc.AbstractChannel, *, log_effects: bool = True) -> None:
+    def __init__(
+        self,
+        channel: aio_pika.abc.AbstractChannel,
+        *,
+        log_effects: bool = True,
+        metrics: Metrics | None = None,
+    ) -> None:
         self._exchange = channel.default_exchange
         self.log_effects = log_effects
+        self._metrics = metrics if metrics is not None else Metrics()
 
     async def settle(self, spec: HandlerSpec, items: Sequence[Item]) -> None:
         movers = [item for item in items if _needs_move(item)]
@@ -60,13 +68,17 @@ class Dispatcher:
         }
         now = time.monotonic()
         lines = outcome_lines()
+        tally: dict[tuple[Outcome, str], int] = {}
         for item in items:
             if id(item) in unsettled:
                 continue
-            self._log_outcome(spec, item, now, lines)
+            key = self._log_outcome(spec, item, now, lines)
+            tally[key] = tally.get(key, 0) + 1
         if lines is not None:
             lines.flush()
-        await _acknowledge(items, unsettled)
+        metrics = self._metrics.consumer(spec.queue)
+        metrics.settled(tally)
+        await _acknowledge(items, unsettled, metrics)
 
     async def _move(self, spec: HandlerSpec, item: Item) -> None:
         """Republish `item` to a delay tier or the dead-letter queue, confirmed."""
@@ -129,15 +141,19 @@ class Dispatcher:
 
     def _log_outcome(
         self, spec: HandlerSpec, item: Item, now: float, lines: OutcomeLines | None
-    ) -> None:
+    ) -> tuple[Outcome, str]:
+        """Log the item's outcome line; return (outcome, reason) for the metrics."""
         verdict = item.verdict
         assert verdict is not None
         envelope = item.envelope
         outcome = verdict.outcome
         if outcome is Outcome.RETRY_SCHEDULED and item.exhausted:
             outcome = Outcome.DEAD_LETTERED
+            reason = f"max_attempts_exceeded:{verdict.reason}"
+        else:
+            reason = verdict.reason if outcome is not Outcome.MESSAGE_ID_REUSED else ""
         if outcome is Outcome.EFFECT_COMMITTED and not self.log_effects:
-            return
+            return outcome, reason
         fields: dict[str, Any] = {
             "consumer": spec.queue,
             "tenant": envelope.tenant if envelope else "",
@@ -162,6 +178,7 @@ class Dispatcher:
             log.info(str(outcome), **fields)
         else:
             log.warning(str(outcome), **fields)
+        return outcome, reason
 
 
 def stamp_dead_lettered(headers: dict[str, Any], now: float | None = None) -> None:
@@ -182,9 +199,13 @@ def _needs_move(item: Item) -> bool:
     )
 
 
-async def _acknowledge(items: Sequence[Item], unsettled: set[int]) -> None:
+async def _acknowledge(
+    items: Sequence[Item], unsettled: set[int], metrics: ConsumerMetrics
+) -> None:
     """Ack settled items (multiple=True per channel); leave the rest to redelivery."""
     highest: dict[int, Item] = {}
+    covered: dict[int, int] = {}  # deliveries each channel's one ack settles
+    failed = 0
     for item in items:
         if id(item) in unsettled:
             # Could not be republished: give it back to the broker now rather
@@ -202,16 +223,22 @@ async def _acknowledge(items: Sequence[Item], unsettled: set[int]) -> None:
                 error=repr(exc),
                 outcome="left_to_redelivery",
             )
+            failed += 1
             continue
+        covered[key] = covered.get(key, 0) + 1
         tag = item.delivery.delivery_tag or 0
         best = highest.get(key)
         if best is None or tag > (best.delivery.delivery_tag or 0):
             highest[key] = item
-    for item in highest.values():
-        await _quietly(item.delivery.ack(multiple=True), item)
+    for key, item in highest.items():
+        if not await _quietly(item.delivery.ack(multiple=True), item):
+            failed += covered[key]
+    if failed:
+        metrics.acks_failed(failed)
 
 
-async def _quietly(action: Any, item: Item) -> None:
+async def _quietly(action: Any, item: Item) -> bool:
+    """Await an ack or nack; False (and a log line) if it could not go out."""
     try:
         await action
     except Exception as exc:  # a channel closed since delivery: the broker redelivers
@@ -221,3 +248,5 @@ async def _quietly(action: Any, item: Item) -> None:
             error=repr(exc),
             outcome="left_to_redelivery",
         )
+        return False
+    return True

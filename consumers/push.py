@@ -33,12 +33,14 @@ import structlog
 from consumers.dispatch import Dispatcher
 from consumers.faults import CrashPoint, Faults
 from consumers.items import Delivery, Item, decode_batch
+from consumers.metrics import ConsumerMetrics
 from consumers.push_job import InvalidPushJob, PushJob, parse_push_job
 from consumers.rerun import rerun_after_disconnect, rollback_quietly
 from consumers.settings import WorkerSettings
 from consumers.spec import DeadToken, HandlerSpec
 from consumers.verdict import DUPLICATE, EFFECT, REUSED, dead, describe, retry
 from dedupe import (
+    LEASE_EXPIRED,
     Claim,
     ClaimOutcome,
     DedupeKey,
@@ -102,6 +104,7 @@ class PushRunner:
         dispatcher: Dispatcher,
         settings: WorkerSettings,
         faults: Faults,
+        metrics: ConsumerMetrics,
     ) -> None:
         assert spec.push is not None
         self.spec = spec
@@ -113,6 +116,7 @@ class PushRunner:
         self.dispatcher = dispatcher
         self.settings = settings
         self.faults = faults
+        self.metrics = metrics
 
     async def run(self, deliveries: Sequence[Delivery]) -> None:
         items = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
@@ -143,7 +147,11 @@ class PushRunner:
         self, step: Callable[[], Awaitable[list[_Send]]], items: list[Item]
     ) -> list[_Send] | None:
         return await rerun_after_disconnect(
-            step, items, consumer=self.spec.queue, event="push_step_rerun"
+            step,
+            items,
+            consumer=self.spec.queue,
+            event="push_step_rerun",
+            stalled=self.metrics.database_stalled,
         )
 
     async def _claim(self, items: list[Item], jobs: dict[int, PushJob]) -> list[_Send]:
@@ -185,6 +193,11 @@ class PushRunner:
                 conn, list(seen_before), self.push.lease_seconds, self.push.unknown_outcome
             )
         busy: dict[DedupeKey, float] = {}
+        mine = [row for row in rows if row.mine]
+        self.metrics.taken_over(sum(row.failure_reason == LEASE_EXPIRED for row in mine))
+        self.metrics.resent(
+            sum((row.failure_reason or "").startswith("unknown_outcome") for row in mine)
+        )
         for row in rows:
             item = seen_before[row.target.key]
             if row.mine:
@@ -309,8 +322,13 @@ class PushRunner:
                 await rollback_quietly(tx)
                 raise
             await tx.commit()  # <- answers durable; only now may the jobs be acked
+        outcomes: dict[str, int] = {}
         for send in sends:
             self._log_send(send, recorded=send.target in recorded)
+            if send.target in recorded:
+                outcome = _push_outcome(send)
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        self.metrics.pushes(self.provider.name, outcomes)
         return sends
 
     def _dead_token(self, send: _Send) -> DeadToken:
@@ -372,3 +390,16 @@ class PushRunner:
                 retry_after=send.retry_after,
                 **fields,
             )
+
+
+def _push_outcome(send: _Send) -> str:
+    """The `outcome` label of a recorded answer: sent, failed, invalid_token, deferred, unknown."""
+    result = send.result
+    assert result is not None
+    if result.status is SendStatus.SENT:
+        return "sent"
+    if send.dead_token:
+        return "invalid_token"
+    if result.status is SendStatus.FAILED:
+        return "failed"
+    return "unknown" if (result.failure_reason or "").startswith("unknown") else "deferred"

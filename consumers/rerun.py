@@ -24,13 +24,19 @@ MAX_RERUNS = 10
 
 
 async def rerun_after_disconnect(
-    step: Callable[[], Awaitable[T]], items: Sequence[Item], *, consumer: str, event: str
+    step: Callable[[], Awaitable[T]],
+    items: Sequence[Item],
+    *,
+    consumer: str,
+    event: str,
+    stalled: Callable[[], None],
 ) -> T | None:
     """`step()`, run again with backoff while the database connection is lost.
 
     The step rolled back, or its commit's outcome is unknown: either way
     nothing was acked, and a re-run's claims tell what committed. After the
     last re-run the items get a `database_unavailable` retry and this returns None.
+    `stalled()` is called once per hold (the database-stall counter).
     """
     for rerun in range(1, MAX_RERUNS + 1):
         try:
@@ -42,6 +48,7 @@ async def rerun_after_disconnect(
                 for item in items:
                     item.verdict = retry("database_unavailable", error=describe(exc))
                 return None
+            stalled()
             delay = random.uniform(0, min(5.0, 0.1 * 2**rerun))
             log.warning(
                 event,

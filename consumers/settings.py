@@ -86,16 +86,25 @@ class RetentionSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsSettings:
+    # /metrics, /healthz and /readyz on this port; None: not served (the default).
+    port: int | None = None
+    host: str = "0.0.0.0"  # probes and scrapes come from outside the pod
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     amqp: AmqpSettings = field(default_factory=AmqpSettings)
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     retention: RetentionSettings = field(default_factory=RetentionSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read AMQP_URL (comma-separated: a cluster), DATABASE_URL, DATABASE_SCHEMA, IW_*."""
         env = os.environ if env is None else env
+        port = env.get("IW_METRICS_PORT", "")
         return cls(
             amqp=AmqpSettings(
                 urls=parse_urls(env.get("AMQP_URL", DEFAULT_AMQP_URL)),
@@ -121,5 +130,9 @@ class Settings:
                     float(env["IW_CLEANUP_INTERVAL"]) if env.get("IW_CLEANUP_INTERVAL") else None
                 ),
                 cleanup_batch_size=int(env.get("IW_CLEANUP_BATCH", "5000")),
+            ),
+            metrics=MetricsSettings(
+                port=int(port) if port else None,
+                host=env.get("IW_METRICS_HOST", "0.0.0.0"),
             ),
         )

@@ -31,12 +31,15 @@ from consumers.batch import BatchRunner
 from consumers.connection import connect
 from consumers.decisions import ConfigurationError
 from consumers.dispatch import Dispatcher
+from consumers.health import CHECK_TIMEOUT_SECONDS, Status
 from consumers.items import Delivery
+from consumers.metrics import ConsumerMetrics, Metrics
 from consumers.push import PushRunner
 from consumers.settings import Settings
 from consumers.spec import HandlerSpec
 from consumers.topology import declare
-from dedupe import Inbox, SendLedger, check_schema, quote_ident
+from consumers.verdict import describe
+from dedupe import Inbox, InboxStats, SendLedger, check_schema, inbox_stats, quote_ident
 from providers import Provider
 
 Runner = BatchRunner | PushRunner
@@ -47,9 +50,11 @@ log = structlog.get_logger(__name__)
 class BatchLoop:
     """One channel's deliveries, settled one batch at a time."""
 
-    def __init__(self, runner: Runner, max_batch: int) -> None:
+    def __init__(self, runner: Runner, max_batch: int, metrics: ConsumerMetrics) -> None:
         self.runner = runner
         self.max_batch = max_batch
+        self.metrics = metrics
+        self.in_flight = 0  # this loop's share of the consumer's in-flight gauge
         self.buffer: deque[Delivery] = deque()
         self.wake = asyncio.Event()
         self.stopping = False
@@ -69,7 +74,9 @@ class BatchLoop:
                 await self.wake.wait()
                 continue
             take = min(len(self.buffer), self.max_batch)
+            self._count_in_flight(len(self.buffer))
             batch = [self.buffer.popleft() for _ in range(take)]
+            self.metrics.batch_messages.observe(take)
             try:
                 await self.runner.run(batch)
             except asyncio.CancelledError:
@@ -82,6 +89,13 @@ class BatchLoop:
                     with contextlib.suppress(Exception):
                         await message.nack(requeue=True)
                 del exc
+            self._count_in_flight(len(self.buffer))
+
+    def _count_in_flight(self, now: int) -> None:
+        """Move the gauge by this loop's change: several loops share one consumer's gauge."""
+        if now != self.in_flight:
+            self.metrics.in_flight.inc(now - self.in_flight)
+            self.in_flight = now
 
     async def cancel(self) -> None:
         self.stopping = True
@@ -95,12 +109,18 @@ class Worker:
     """Consumes every queue of `app` until `stop()`."""
 
     def __init__(
-        self, app: App, settings: Settings | None = None, *, log_effects: bool = True
+        self,
+        app: App,
+        settings: Settings | None = None,
+        *,
+        log_effects: bool = True,
+        metrics: Metrics | None = None,
     ) -> None:
         if not app.specs:
             raise ConfigurationError("the app has no handlers")
         self.app = app
         self.settings = settings or Settings()
+        self.metrics = metrics if metrics is not None else Metrics()
         # The send-lease owner: unique per process, also across PID reuse.
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._providers: dict[str, Provider] = {}
@@ -109,6 +129,7 @@ class Worker:
         self._connection: aio_pika.abc.AbstractRobustConnection | None = None
         self._loops: list[BatchLoop] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
         self._stopping = False
         self._closed = asyncio.Event()
 
@@ -126,10 +147,11 @@ class Worker:
             await check_schema(conn, db.schema)
         self._connection = await connect(amqp.urls, name=f"idempotent-workers {self.worker_id}")
         confirm_channel = await self._connection.channel(publisher_confirms=True)
-        dispatcher = Dispatcher(confirm_channel, log_effects=self.log_effects)
+        dispatcher = Dispatcher(confirm_channel, log_effects=self.log_effects, metrics=self.metrics)
         inbox = Inbox(db.schema)
         for spec in self.app.specs.values():
             await self._start_queue(spec, dispatcher, inbox)
+        self._started = True
         log.info(
             "worker_started",
             worker=self.worker_id,
@@ -168,6 +190,7 @@ class Worker:
                     dispatcher=dispatcher,
                     settings=ws,
                     faults=self.app.faults,
+                    metrics=self.metrics.consumer(spec.queue),
                 )
             else:
                 runner = BatchRunner(
@@ -177,8 +200,9 @@ class Worker:
                     dispatcher=dispatcher,
                     settings=ws,
                     faults=self.app.faults,
+                    metrics=self.metrics.consumer(spec.queue),
                 )
-            loop = BatchLoop(runner, ws.max_batch)
+            loop = BatchLoop(runner, ws.max_batch, self.metrics.consumer(spec.queue))
             loop.queue = queue
             self._tasks.append(asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}"))
             loop.consumer_tag = await queue.consume(loop.on_message)
@@ -212,6 +236,37 @@ class Worker:
             await _close_logged("database_pool", self.pool.close)
         log.info("worker_stopped", worker=self.worker_id)
         self._closed.set()
+
+    async def readiness(self) -> Status:
+        """Connected to RabbitMQ and PostgreSQL and consuming (see consumers.health)."""
+        problems: list[str] = []
+        if self._stopping:
+            problems.append("stopping")
+        elif not self._started:
+            problems.append("starting")
+        connection = self._connection
+        if connection is None or connection.is_closed or not connection.connected.is_set():
+            problems.append("rabbitmq: not connected")
+        elif any(loop.queue is not None and loop.queue.channel.is_closed for loop in self._loops):
+            problems.append("rabbitmq: a consuming channel is closed")
+        if self.pool is None:
+            problems.append("postgresql: not connected yet")
+        else:
+            try:
+                async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
+                    await self.pool.fetchval("SELECT 1")
+            except Exception as exc:
+                problems.append(f"postgresql: {describe(exc) if str(exc) else type(exc).__name__}")
+        if problems:
+            return Status(ok=False, detail="; ".join(problems))
+        return Status(ok=True, detail=f"consuming {len(self.app.specs)} queue(s)")
+
+    async def inbox_stats(self) -> InboxStats | None:
+        """The dedupe table's size and oldest claim, for a scrape; None before start."""
+        if self.pool is None:
+            return None
+        async with self.pool.acquire() as conn:
+            return await inbox_stats(conn, self.settings.database.schema)
 
     async def wait_stopped(self) -> None:
         """Return once `stop()` (from a signal handler, say) has closed everything."""

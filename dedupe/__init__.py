@@ -5,6 +5,7 @@ from dedupe.errors import DedupeError, MigrationError, NotInTransaction, SchemaM
 from dedupe.fingerprint import canonical_json, fingerprint, is_plain
 from dedupe.inbox import Claim, ClaimOutcome, DedupeKey, Inbox
 from dedupe.ledger import (
+    LEASE_EXPIRED,
     SendIntent,
     SendLedger,
     SendResult,
@@ -16,8 +17,10 @@ from dedupe.ledger import (
 from dedupe.migrate import available_migrations, check_schema, migrate, quote_ident
 from dedupe.outbox import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure
 from dedupe.retention import CleanupResult, Retention, cleanup
+from dedupe.stats import InboxStats, inbox_stats
 
 __all__ = [
+    "LEASE_EXPIRED",
     "NOTIFY_CHANNEL",
     "Claim",
     "ClaimOutcome",
@@ -26,6 +29,7 @@ __all__ = [
     "DedupeError",
     "DedupeKey",
     "Inbox",
+    "InboxStats",
     "MigrationError",
     "NotInTransaction",
     "Outbox",
@@ -45,6 +49,7 @@ __all__ = [
     "check_schema",
     "cleanup",
     "fingerprint",
+    "inbox_stats",
     "is_plain",
     "migrate",
     "quote_ident",

@@ -29,6 +29,9 @@ from dedupe.connection import DbConnection
 from dedupe.inbox import DedupeKey
 from dedupe.migrate import quote_ident
 
+# The failure_reason of a `sending` row whose expired lease another worker took.
+LEASE_EXPIRED = "unknown_outcome: lease_expired"
+
 
 class SendStatus(StrEnum):
     CLAIMED = "claimed"
@@ -136,7 +139,8 @@ class SendLedger:
         """For jobs claimed before: lease what may be sent now; return every row.
 
         `claimed` rows, and `sending` rows whose lease expired (under RESEND),
-        move to `sending` leased to this worker (`mine`). Under SKIP an expired
+        move to `sending` leased to this worker (`mine`; a taken-over lease
+        reads `failure_reason == LEASE_EXPIRED`). Under SKIP an expired
         `sending` row becomes `failed`. A live lease of another worker is left
         alone: the caller requeues that job.
         """
@@ -159,15 +163,19 @@ class SendLedger:
                 " AND o.lease_expires_at < now()",
                 *arrays,
             )
+        # A `sending` row taken here lost its sender mid-call: say so in its
+        # failure_reason (SET reads the old status) until its answer is recorded.
         taken = await tx.fetch(
             f"UPDATE {self._table} o SET status = 'sending', lease_owner = $4,"
             " lease_expires_at = now() + make_interval(secs => $5), sends = o.sends + 1,"
+            " failure_reason = CASE WHEN o.status = 'sending' THEN $6 ELSE o.failure_reason END,"
             " updated_at = now()" + match + " AND (o.status = 'claimed'"
             " OR (o.status = 'sending' AND o.lease_expires_at < now()))"
             " RETURNING o.target_index, o.consumer, o.tenant, o.message_id",
             *arrays,
             self.owner,
             lease_seconds,
+            LEASE_EXPIRED,
         )
         mine = {
             TargetKey(key=DedupeKey(consumer=r[1], tenant=r[2], message_id=r[3]), target_index=r[0])

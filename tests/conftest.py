@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import aio_pika
@@ -112,12 +112,18 @@ def spawn(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Spawn]:
     """Start worker processes of the sample app; every one is reaped after the test."""
     started: list[WorkerProcess] = []
 
-    def start(extra_env: dict[str, str] | None = None) -> WorkerProcess:
+    def start(
+        extra_env: dict[str, str] | None = None,
+        *,
+        args: Sequence[str] = (),
+        target: str = "tests.apps.effects:app",
+    ) -> WorkerProcess:
         worker = WorkerProcess(
-            "tests.apps.effects:app",
+            target,
             worker_env,
             tmp_path / f"worker-{len(started)}.log",
             extra_env=extra_env,
+            args=args,
         )
         started.append(worker)
         return worker

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import aio_pika
+from prometheus_client.parser import text_string_to_metric_families
 
 from consumers.retry import dead_letter_queue
 
@@ -49,13 +55,14 @@ class WorkerProcess:
         log_path: Path,
         *,
         extra_env: Mapping[str, str] | None = None,
+        args: Sequence[str] = (),
     ) -> None:
         full = {**os.environ, **env, **(extra_env or {})}
         full["PYTHONPATH"] = str(ROOT)
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "consumers", "run", target],
+            [sys.executable, "-m", "consumers", "run", target, *args],
             env=full,
             cwd=ROOT,
             stdout=self._log,
@@ -102,6 +109,52 @@ class WorkerProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The JSON log lines whose event is `name`, in order."""
+        found = []
+        for line in self.log_text().splitlines():
+            if f'"{name}"' not in line:
+                continue
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict) and record.get("event") == name:
+                    found.append(record)
+        return found
+
+    async def endpoint(self, timeout: float = 30.0) -> str:
+        """The base URL of the process's /metrics, /healthz, /readyz (IW_METRICS_PORT=0)."""
+
+        async def serving() -> bool:
+            return bool(self.events("endpoint_serving"))
+
+        await wait_for(serving, timeout=timeout)
+        return f"http://127.0.0.1:{self.events('endpoint_serving')[0]['port']}"
+
+
+async def http_get(url: str) -> tuple[int, str]:
+    """GET `url` (from a thread, the test's loop stays free): (status, body)."""
+
+    def get() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                return int(answer.status), answer.read().decode()
+        except urllib.error.HTTPError as refused:
+            return int(refused.code), refused.read().decode()
+
+    return await asyncio.to_thread(get)
+
+
+async def scrape(base: str) -> dict[str, float]:
+    """`/metrics` as {'name{label="v",...}': value}, labels sorted; fails on a non-200."""
+    status, text = await http_get(f"{base}/metrics")
+    assert status == 200, text
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
 
 
 async def wait_declared(url: str, queue: str) -> None:

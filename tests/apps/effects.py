@@ -11,7 +11,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from consumers import App, Context, RetryPolicy
+from consumers import App, Context, Reject, RetryPolicy
 from proving.faults import SigkillAt
 
 FAST_RETRY = RetryPolicy(max_attempts=3, base_seconds=0.2, tiers_seconds=(0.2, 0.5, 1.0))
@@ -30,6 +30,9 @@ async def record(ctx: Context) -> None:
         str(ctx.body.get("n", "")),
         os.getpid(),
     )
+    reject = ctx.body.get("reject")
+    if isinstance(reject, str):
+        raise Reject(reason=reject)
     hold = ctx.body.get("hold_s")
     marker = os.environ.get("TEST_HOLD_MARKER")
     if isinstance(hold, int | float) and marker:

@@ -1,0 +1,90 @@
+"""One worker process, as `idempotent-workers run` starts it: until SIGTERM or SIGINT.
+
+1. signal handlers first: a stop asked for while starting abandons the start;
+2. the heartbeat (liveness and readiness, `consumers.health`) and, when
+   IW_METRICS_PORT is set, the endpoint serving it with the metrics, before
+   the worker starts: a worker slow to reach its services is live, not ready;
+3. start the worker, consume until the signal, stop it (settle, ack, close).
+
+Under a supervisor (`run --processes N`) the same runs in each child, without
+a port of its own: its metrics and health go to the supervisor through
+PROMETHEUS_MULTIPROC_DIR (see consumers.supervisor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import structlog
+
+from consumers.app import load_app
+from consumers.endpoint import Endpoint
+from consumers.health import Heartbeat
+from consumers.metrics import DedupeCollector
+from consumers.settings import Settings
+from consumers.worker import Worker
+from dedupe import InboxStats
+
+log = structlog.get_logger(__name__)
+
+SCRAPE_READ_SECONDS = 3.0  # how long a scrape waits for the dedupe table's figures
+
+
+async def run_process(target: str, settings: Settings) -> int:
+    app = load_app(target)
+    worker = Worker(app, settings)
+    # Handlers go in before start(), which can take a while when a service is
+    # slow to answer: a SIGTERM then abandons the start and closes what it opened.
+    stop_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_requested.set)
+    heartbeat = Heartbeat(worker.readiness, worker.metrics)
+    beating = asyncio.create_task(heartbeat.run(), name="heartbeat")
+    endpoint = _serve(worker, heartbeat, loop) if settings.metrics.port is not None else None
+    starting = asyncio.create_task(worker.start())
+    waiting = asyncio.create_task(stop_requested.wait())
+    try:
+        done, _ = await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        if starting in done:
+            starting.result()  # a failed start raises here
+            await waiting  # consume until SIGTERM or SIGINT
+        else:
+            log.info("start_abandoned", reason="stop requested while starting")
+            starting.cancel()
+            try:
+                await starting
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:
+                # Cut short inside a library call (a channel half open, say),
+                # a start can end in that step's error rather than the
+                # cancellation: the stop was asked for, so it is not a failure.
+                log.info("start_abandoned_with_error", error=f"{type(exc).__name__}: {exc}")
+    finally:
+        waiting.cancel()
+        await worker.stop()
+        beating.cancel()
+        await asyncio.gather(beating, return_exceptions=True)
+        if endpoint is not None:
+            endpoint.close()
+    return 0
+
+
+def _serve(worker: Worker, heartbeat: Heartbeat, loop: asyncio.AbstractEventLoop) -> Endpoint:
+    """The endpoint on IW_METRICS_PORT; the dedupe figures are read in the worker's loop."""
+
+    def read() -> InboxStats | None:
+        future = asyncio.run_coroutine_threadsafe(worker.inbox_stats(), loop)
+        try:
+            return future.result(timeout=SCRAPE_READ_SECONDS)
+        except TimeoutError:
+            future.cancel()
+            return None
+
+    registry = worker.metrics.registry
+    registry.register(DedupeCollector(read))
+    metrics = worker.settings.metrics
+    assert metrics.port is not None
+    return Endpoint(registry, heartbeat, host=metrics.host, port=metrics.port).start()
