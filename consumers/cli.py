@@ -12,17 +12,18 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 import asyncpg
 import structlog
 
-from consumers import dlq_command
+from consumers import cleaner, dlq_command
+from consumers.app import load_app
+from consumers.horizon import RetentionTooShort, check_retention, retention_need
 from consumers.logs import configure_logging
 from consumers.process import run_process
 from consumers.settings import Settings
-from dedupe import DedupeError, Retention, cleanup, migrate
+from dedupe import DedupeError, migrate
 
 log = structlog.get_logger(__name__)
 
@@ -34,29 +35,6 @@ async def _migrate(settings: Settings) -> int:
     finally:
         await conn.close()
     print(f"migrate: schema={settings.database.schema} applied={applied or 'none (up to date)'}")
-    return 0
-
-
-async def _cleanup(settings: Settings, keep_days: float, batch_size: int) -> int:
-    retention = Retention(keep=timedelta(days=keep_days), batch_size=batch_size)
-    conn = await asyncpg.connect(settings.database.url)
-    try:
-        result = await cleanup(
-            conn,
-            settings.database.schema,
-            retention,
-            progress=lambda r: print(
-                f"cleanup: deleted so far: outbound_sends={r.outbound_sends} "
-                f"processed_messages={r.processed_messages}",
-                flush=True,
-            ),
-        )
-    finally:
-        await conn.close()
-    print(
-        f"cleanup: schema={settings.database.schema} older_than={keep_days}d "
-        f"processed_messages={result.processed_messages} outbound_sends={result.outbound_sends}"
-    )
     return 0
 
 
@@ -74,6 +52,10 @@ def _processes(text: str) -> int:
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
+    app = load_app(args.target)  # in a supervisor too: refuse before any child starts
+    check_retention(
+        settings.retention.keep, retention_need(app.specs, settings.retention, app.retry)
+    )
     if args.processes == 1:
         return asyncio.run(run_process(args.target, settings))
     from consumers.supervisor import RestartPolicy, Supervisor
@@ -126,9 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--jobs", type=int, default=10_000)
     demo.add_argument("--pushes", type=int, default=1_000)
     demo.add_argument("--workers", type=int, default=2)
-    clean = sub.add_parser("cleanup", help="delete dedupe rows past retention, in batches")
-    clean.add_argument("--keep-days", type=float, default=7.0)
-    clean.add_argument("--batch-size", type=int, default=5_000)
+    cleaner.register(sub)
     bench = sub.add_parser("bench", help="throughput and latency against a bare consumer")
     bench.add_argument("args", nargs=argparse.REMAINDER)
     chaos = sub.add_parser("chaos", help="faults on a schedule, then count lost and doubled")
@@ -152,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "migrate":
             return asyncio.run(_migrate(settings))
         if args.command == "cleanup":
-            return asyncio.run(_cleanup(settings, args.keep_days, args.batch_size))
+            return asyncio.run(cleaner.run(args, settings))
         if args.command == "run":
             return _run(args, settings)
         if args.command == "demo":
@@ -167,6 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
         if args.command == "dlq":
             return asyncio.run(dlq_command.run(args, settings))
+    except RetentionTooShort as exc:
+        print(f"idempotent-workers: {exc}", file=sys.stderr)
+        return 2
     except DedupeError as exc:
         print(f"idempotent-workers: {exc}", file=sys.stderr)
         return 2

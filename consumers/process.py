@@ -19,6 +19,7 @@ import signal
 import structlog
 
 from consumers.app import load_app
+from consumers.cleaner import clean_periodically
 from consumers.endpoint import Endpoint
 from consumers.health import Heartbeat
 from consumers.metrics import DedupeCollector
@@ -45,6 +46,11 @@ async def run_process(target: str, settings: Settings) -> int:
     endpoint = _serve(worker, heartbeat, loop) if settings.metrics.port is not None else None
     starting = asyncio.create_task(worker.start())
     waiting = asyncio.create_task(stop_requested.wait())
+    cleaning = (  # opt-in: IW_CLEANUP_INTERVAL
+        asyncio.create_task(clean_periodically(settings), name="cleanup")
+        if settings.retention.cleanup_interval_seconds
+        else None
+    )
     try:
         done, _ = await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
         if starting in done:
@@ -64,6 +70,8 @@ async def run_process(target: str, settings: Settings) -> int:
                 log.info("start_abandoned_with_error", error=f"{type(exc).__name__}: {exc}")
     finally:
         waiting.cancel()
+        if cleaning is not None:
+            cleaning.cancel()
         await worker.stop()
         beating.cancel()
         await asyncio.gather(beating, return_exceptions=True)

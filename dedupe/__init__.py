@@ -16,7 +16,7 @@ from dedupe.ledger import (
 )
 from dedupe.migrate import available_migrations, check_schema, migrate, quote_ident
 from dedupe.outbox import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure
-from dedupe.retention import CleanupResult, Retention, cleanup
+from dedupe.retention import CleanerBusy, CleanupResult, Retention, cleanup
 from dedupe.stats import InboxStats, inbox_stats
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "Claim",
     "ClaimOutcome",
+    "CleanerBusy",
     "CleanupResult",
     "DbConnection",
     "DedupeError",

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import timedelta
 
-from dedupe import DbConnection, Retention, cleanup
-from tests.conftest import DATABASE_URL
-from tests.support import ROOT
+import aio_pika
+import asyncpg
+import pytest
+
+from consumers import HandlerSpec, RetryPolicy
+from consumers.horizon import retention_need, retry_horizon
+from consumers.settings import RetentionSettings
+from dedupe import CleanerBusy, DbConnection, Retention, cleanup
+from tests.apps.effects import FAST_RETRY
+from tests.conftest import DATABASE_URL, Spawn
+from tests.support import ROOT, wait_for
 
 
 async def _seed(db: DbConnection) -> None:
@@ -65,3 +74,84 @@ async def test_cleanup_command_reports_what_it_deleted(db: DbConnection, schema:
     assert f"cleanup: schema={schema} older_than=7.0d processed_messages=25 outbound_sends=1" in (
         done.stdout
     )
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "consumers", *args],
+        env={"DATABASE_URL": DATABASE_URL, "PATH": "/usr/bin", **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_retry_horizon_is_the_longest_tier_over_every_retry() -> None:
+    assert retry_horizon(RetryPolicy()) == timedelta(hours=4)  # 4 retries, up to 3600 s each
+    slow = RetryPolicy(max_attempts=10, tiers_seconds=(1.0, 86400.0))
+    specs = {
+        "fast": HandlerSpec(queue="fast", retry=FAST_RETRY),
+        "slow": HandlerSpec(queue="slow", retry=slow),
+    }
+    need = retention_need(specs, RetentionSettings(replay_window_days=3), RetryPolicy())
+    assert (need.queue, need.horizon, need.required) == ("slow", timedelta(days=9), timedelta(12))
+
+
+async def test_run_refuses_a_retention_shorter_than_the_retry_horizon(
+    db: DbConnection, spawn: Spawn, queue_name: str, channel: aio_pika.abc.AbstractChannel
+) -> None:
+    worker = spawn({"IW_RETENTION_DAYS": "1", "IW_REPLAY_WINDOW_DAYS": "2"})
+    await worker.expect_exit(2, timeout=60)
+    said = worker.log_text()
+    assert "retention (IW_RETENTION_DAYS=1) is shorter than what the handlers need" in said
+    assert f"queue {queue_name!r}: 3 attempts" in said
+    assert "set IW_RETENTION_DAYS to at least 2" in said
+    with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):  # it never started
+        await channel.declare_queue(queue_name, passive=True)
+
+
+async def test_cleanup_refuses_keep_days_shorter_than_the_horizon(
+    db: DbConnection, schema: str
+) -> None:
+    await _seed(db)
+    done = _cli("cleanup", "--keep-days", "1", env={"DATABASE_SCHEMA": schema})
+    assert done.returncode == 2
+    assert "retention (--keep-days=1) is shorter" in done.stderr
+    assert await db.fetchval("SELECT count(*) FROM processed_messages") == 31
+
+
+async def test_a_second_cleaner_says_so_and_exits_0(db: DbConnection, schema: str) -> None:
+    await _seed(db)
+    lock = "hashtext('idempotent-workers.cleanup'), hashtext($1)"
+    await db.execute(f"SELECT pg_advisory_lock({lock})", schema)
+    try:
+        busy = _cli("cleanup", env={"DATABASE_SCHEMA": schema})
+        assert busy.returncode == 0, busy.stderr
+        assert "another cleaner is running" in busy.stdout
+        assert await db.fetchval("SELECT count(*) FROM processed_messages") == 31
+        other = await asyncpg.connect(DATABASE_URL)
+        try:
+            with pytest.raises(CleanerBusy):
+                await cleanup(other, schema)
+        finally:
+            await other.close()
+    finally:
+        await db.execute(f"SELECT pg_advisory_unlock({lock})", schema)
+    done = _cli("cleanup", env={"DATABASE_SCHEMA": schema})
+    assert done.returncode == 0, done.stderr
+    assert "processed_messages=25" in done.stdout
+
+
+async def test_run_cleans_up_periodically_when_asked(db: DbConnection, spawn: Spawn) -> None:
+    await _seed(db)
+    worker = spawn({"IW_CLEANUP_INTERVAL": "0.5"})
+
+    async def cleaned() -> bool:
+        return bool(await db.fetchval("SELECT count(*) FROM processed_messages") == 6)
+
+    await wait_for(cleaned, timeout=60)
+    worker.terminate()
+    await worker.expect_exit(0)
+    assert '"event":"cleanup_done"' in worker.log_text()
