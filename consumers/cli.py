@@ -51,11 +51,19 @@ def _processes(text: str) -> int:
     return n
 
 
+def _check_retention_before_children(target: str, settings: Settings) -> None:
+    """Refuse a too-short retention once, rather than in every child, restart after restart."""
+    try:
+        app = load_app(target)
+    except Exception:
+        return
+    need = retention_need(app.specs, settings.retention, app.retry)
+    check_retention(settings.retention.keep, need)
+
+
 def _run(args: argparse.Namespace, settings: Settings) -> int:
-    app = load_app(args.target)  # in a supervisor too: refuse before any child starts
-    check_retention(
-        settings.retention.keep, retention_need(app.specs, settings.retention, app.retry)
-    )
+    if args.processes > 1:
+        _check_retention_before_children(args.target, settings)
     if args.processes == 1:
         return asyncio.run(run_process(args.target, settings))
     from consumers.supervisor import RestartPolicy, Supervisor

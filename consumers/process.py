@@ -22,6 +22,7 @@ from consumers.app import load_app
 from consumers.cleaner import clean_periodically
 from consumers.endpoint import Endpoint
 from consumers.health import Heartbeat
+from consumers.horizon import check_retention, retention_need
 from consumers.metrics import DedupeCollector
 from consumers.settings import Settings
 from consumers.worker import Worker
@@ -34,6 +35,10 @@ SCRAPE_READ_SECONDS = 3.0  # how long a scrape waits for the dedupe table's figu
 
 async def run_process(target: str, settings: Settings) -> int:
     app = load_app(target)
+    # Before anything starts: a retention the retry policies outlive is refused.
+    check_retention(
+        settings.retention.keep, retention_need(app.specs, settings.retention, app.retry)
+    )
     worker = Worker(app, settings)
     # Handlers go in before start(), which can take a while when a service is
     # slow to answer: a SIGTERM then abandons the start and closes what it opened.
