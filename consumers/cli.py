@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from consumers import cleaner, dlq_command
+from consumers import cleaner, dlq_command, inspection
 from consumers.app import load_app
 from consumers.horizon import RetentionTooShort, check_retention, retention_need
 from consumers.logs import configure_logging
@@ -122,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     chaos = sub.add_parser("chaos", help="faults on a schedule, then count lost and doubled")
     chaos.add_argument("args", nargs=argparse.REMAINDER)
     dlq_command.register(sub)
+    inspection.register(sub)
     return parser
 
 
@@ -155,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
         if args.command == "dlq":
             return asyncio.run(dlq_command.run(args, settings))
+        if args.command == "inspect":
+            return asyncio.run(inspection.run(args, settings))
     except RetentionTooShort as exc:
         print(f"idempotent-workers: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ from dedupe.ledger import (
     TargetKey,
     UnknownOutcome,
 )
+from dedupe.lookup import ClaimRow, KeyRecord, look_up
 from dedupe.migrate import available_migrations, check_schema, migrate, quote_ident
 from dedupe.outbox import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure
 from dedupe.retention import CleanerBusy, CleanupResult, Retention, cleanup
@@ -24,6 +25,7 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "Claim",
     "ClaimOutcome",
+    "ClaimRow",
     "CleanerBusy",
     "CleanupResult",
     "DbConnection",
@@ -31,6 +33,7 @@ __all__ = [
     "DedupeKey",
     "Inbox",
     "InboxStats",
+    "KeyRecord",
     "MigrationError",
     "NotInTransaction",
     "Outbox",
@@ -52,6 +55,7 @@ __all__ = [
     "fingerprint",
     "inbox_stats",
     "is_plain",
+    "look_up",
     "migrate",
     "quote_ident",
 ]
