@@ -4,6 +4,13 @@ The message contract: `message_id` property (required, at most 128 bytes, the
 dedupe key), optional `x-tenant` header, a JSON object body, an `x-attempt`
 header the framework sets on retries. Anything else is bad input and gets a
 reason string; bad input is dead-lettered at once, never retried.
+
+Everything a message can do wrong outside the handler is found here, for that
+message alone: a key PostgreSQL would refuse (NUL) or that is not UTF-8 (never
+replaced: `b"\xff"` and `b"\xfe"` must not become one tenant), JSON nested
+deeper than `MAX_JSON_DEPTH` (the parser would recurse out of stack), a
+content type other than JSON, a content encoding other than identity, a
+custom fingerprint function that raises. `decode` returns; it never raises.
 """
 
 from __future__ import annotations
@@ -17,9 +24,12 @@ from typing import Any
 import aio_pika
 import orjson
 
+from consumers.wire import is_text
 from dedupe import DedupeKey, fingerprint, is_plain
 
 MAX_MESSAGE_ID_BYTES = 128
+MAX_JSON_DEPTH = 100  # nested objects and arrays; deeper is bad input
+JSON_MEDIA_TYPE = "application/json"
 TENANT_HEADER = "x-tenant"
 ATTEMPT_HEADER = "x-attempt"
 REASON_HEADER = "x-reason"
@@ -35,10 +45,17 @@ class BadInput(StrEnum):
     BODY_TOO_LARGE = "body_too_large"
     INVALID_JSON = "invalid_json"
     BODY_NOT_OBJECT = "body_not_json_object"
+    JSON_TOO_DEEP = "json_too_deep"
     MISSING_MESSAGE_ID = "missing_message_id"
     MESSAGE_ID_TOO_LONG = "message_id_too_long"
-    BAD_TENANT = "bad_tenant"
+    MESSAGE_ID_NOT_UTF8 = "message_id_not_utf8"
+    MESSAGE_ID_HAS_NUL = "message_id_has_nul"
+    BAD_TENANT = "bad_tenant"  # not a string, or longer than 128 bytes
+    TENANT_NOT_UTF8 = "tenant_not_utf8"
+    TENANT_HAS_NUL = "tenant_has_nul"
     UNSUPPORTED_CONTENT_TYPE = "unsupported_content_type"
+    UNSUPPORTED_CONTENT_ENCODING = "unsupported_content_encoding"
+    FINGERPRINT_FAILED = "fingerprint_failed"  # the handler's fingerprint function raised
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +104,60 @@ def attempt_of(message: aio_pika.abc.AbstractIncomingMessage) -> int:
     return max(raw, 1) if isinstance(raw, int) and not isinstance(raw, bool) else 1
 
 
+def is_json_media_type(content_type: str) -> bool:
+    """`application/json`, any case, with parameters, in UTF-8 if a charset is named."""
+    media_type, _, parameters = content_type.partition(";")
+    if media_type.strip().lower() != JSON_MEDIA_TYPE:
+        return False
+    for parameter in parameters.split(";"):
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in (
+            "utf-8",
+            "utf8",
+        ):
+            return False
+    return True
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """True when objects and arrays nest more than `limit` levels in `value`."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if type(item) is dict else item
+        stack.extend((c, depth + 1) for c in children if type(c) in (dict, list))
+    return False
+
+
+def _key_problem(value: str, *, not_utf8: BadInput, has_nul: BadInput) -> BadInput | None:
+    if not is_text(value):
+        return not_utf8
+    if "\0" in value:  # PostgreSQL refuses NUL in text
+        return has_nul
+    return None
+
+
+def _tenant(headers: Mapping[str, Any]) -> str | BadInput:
+    tenant = headers.get(TENANT_HEADER, "")
+    if isinstance(tenant, bytes):  # what a long string that is not UTF-8 arrives as
+        try:
+            tenant = tenant.decode()
+        except UnicodeDecodeError:
+            return BadInput.TENANT_NOT_UTF8
+    if not isinstance(tenant, str):
+        return BadInput.BAD_TENANT
+    problem = _key_problem(
+        tenant, not_utf8=BadInput.TENANT_NOT_UTF8, has_nul=BadInput.TENANT_HAS_NUL
+    )
+    if problem is not None:
+        return problem
+    if len(tenant.encode()) > MAX_MESSAGE_ID_BYTES:
+        return BadInput.BAD_TENANT
+    return tenant
+
+
 def decode(
     message: aio_pika.abc.AbstractIncomingMessage,
     *,
@@ -95,31 +166,49 @@ def decode(
     fingerprinter: Fingerprinter | None = None,
 ) -> Envelope | BadInput:
     """The envelope of `message`, or the reason it cannot be processed."""
-    if len(message.body) > max_body_bytes:
+    raw = message.body
+    if len(raw) > max_body_bytes:
         return BadInput.BODY_TOO_LARGE
-    content_type = message.content_type
-    if content_type and not content_type.startswith("application/json"):
+    if message.content_type and not is_json_media_type(message.content_type):
         return BadInput.UNSUPPORTED_CONTENT_TYPE
+    encoding = message.content_encoding
+    if encoding and encoding.strip().lower() != "identity":
+        return BadInput.UNSUPPORTED_CONTENT_ENCODING
+    headers = message.headers or {}
     message_id = message.message_id
-    if not message_id or (message.headers or {}).get(NO_MESSAGE_ID_HEADER):
+    if not message_id or headers.get(NO_MESSAGE_ID_HEADER):
         return BadInput.MISSING_MESSAGE_ID
+    problem = _key_problem(
+        message_id, not_utf8=BadInput.MESSAGE_ID_NOT_UTF8, has_nul=BadInput.MESSAGE_ID_HAS_NUL
+    )
+    if problem is not None:
+        return problem
     if len(message_id.encode()) > MAX_MESSAGE_ID_BYTES:
         return BadInput.MESSAGE_ID_TOO_LONG
-    tenant = (message.headers or {}).get(TENANT_HEADER, "")
-    if isinstance(tenant, bytes):
-        tenant = tenant.decode(errors="replace")
-    if not isinstance(tenant, str) or len(tenant.encode()) > MAX_MESSAGE_ID_BYTES:
-        return BadInput.BAD_TENANT
+    tenant = _tenant(headers)
+    if isinstance(tenant, BadInput):
+        return tenant
     try:
-        body, plain = loads_plain(message.body)
+        body, plain = loads_plain(raw)
+    except RecursionError:
+        return BadInput.JSON_TOO_DEEP
     except (ValueError, UnicodeDecodeError):
         return BadInput.INVALID_JSON
     if not isinstance(body, dict):
         return BadInput.BODY_NOT_OBJECT
-    try:
-        digest = fingerprinter(body) if fingerprinter else fingerprint(body, plain=plain)
-    except ValueError:  # NaN or Infinity: not JSON we can compare
-        return BadInput.INVALID_JSON
+    # Counting brackets is cheap and bounds the depth: walk only when it does not.
+    if raw.count(b"{") + raw.count(b"[") > MAX_JSON_DEPTH and deeper_than(body, MAX_JSON_DEPTH):
+        return BadInput.JSON_TOO_DEEP
+    if fingerprinter is None:
+        try:
+            digest = fingerprint(body, plain=plain)
+        except ValueError:  # NaN or Infinity: not JSON we can compare
+            return BadInput.INVALID_JSON
+    else:
+        try:
+            digest = fingerprinter(body)
+        except Exception:  # the app's own function: its failure is this message's
+            return BadInput.FINGERPRINT_FAILED
     return Envelope(
         key=DedupeKey(consumer=consumer, tenant=tenant, message_id=message_id),
         body=body,

@@ -39,6 +39,7 @@ from consumers.settings import Settings
 from consumers.spec import HandlerSpec
 from consumers.topology import declare
 from consumers.verdict import describe
+from consumers.wire import read_leniently
 from dedupe import Inbox, InboxStats, SendLedger, check_schema, inbox_stats, quote_ident
 from providers import Provider
 
@@ -137,6 +138,7 @@ class Worker:
         db = self.settings.database
         amqp = self.settings.amqp
         ws = self.settings.worker
+        read_leniently()  # a key that is not UTF-8 must not cost the connection
         needed = ws.concurrency * len(self.app.specs)  # one connection per batch in flight
         self.pool = await create_pool(
             self.settings,
