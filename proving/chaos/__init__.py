@@ -2,6 +2,9 @@
 
     idempotent-workers chaos                  the CI profile (a few minutes)
     idempotent-workers chaos --profile full   100,000 messages, hundreds of faults
+    idempotent-workers chaos --profile cluster      a 3-node cluster, its queue
+                                                    leader killed 12 times, a rolling
+                                                    restart (`cluster-ci`: 3 kills)
 
 It runs against a private RabbitMQ node and PostgreSQL cluster it starts
 itself (so it may crash them), never against the configured ones. Exit 0
@@ -18,7 +21,8 @@ from collections.abc import Sequence
 
 from consumers.logs import configure_logging
 from consumers.settings import Settings
-from proving.chaos.profile import PROFILES
+from proving.chaos.failover import ClusterOutcome, cluster_line, run_cluster_chaos
+from proving.chaos.profile import CLUSTER_PROFILES, PROFILES
 from proving.chaos.report import (
     PushFigures,
     details,
@@ -33,7 +37,7 @@ __all__ = ["Outcome", "main", "run_chaos"]
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="idempotent-workers chaos", description=__doc__)
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="ci")
+    parser.add_argument("--profile", choices=sorted([*PROFILES, *CLUSTER_PROFILES]), default="ci")
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--keep", action="store_true", help="keep the work directory and logs")
     return parser
@@ -48,11 +52,47 @@ async def _guarded(profile: str, seed: int, keep: bool) -> Outcome:
     return await run_chaos(PROFILES[profile], seed=seed, keep=keep)
 
 
+async def _guarded_cluster(profile: str, seed: int, keep: bool) -> ClusterOutcome:
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await run_cluster_chaos(CLUSTER_PROFILES[profile], seed=seed, keep=keep)
+
+
+def _cluster(profile: str, seed: int, keep: bool) -> int:
+    outcome = asyncio.run(_guarded_cluster(profile, seed, keep))
+    f = outcome.findings
+    print()
+    rows = [
+        ("publishes confirmed", outcome.published),
+        ("publishes retried (same message_id)", outcome.republished),
+        ("distinct local jobs", f.unique_local),
+        ("effect rows", f.effects),
+        ("poison dead-lettered", f"{f.poison_dead_lettered}/{f.poison}"),
+        ("poison slowest s", f"{f.poison_slowest_s:.1f}"),
+        ("malformed dead-lettered", f"{f.malformed_dead_lettered}/{f.malformed}"),
+        ("dead-letter copies (seen twice)", f.dead_letter_copies),
+        ("node restarts", outcome.faults.node_restarts),
+        ("node down to all queues online, s", f"{outcome.faults.downtime_s:.0f}"),
+        ("elapsed s", f"{outcome.elapsed_s:.0f}"),
+    ]
+    for name, value in rows:
+        print(f"{name:<40}{value!s:>12}")
+    print(f"leaders killed: {' '.join(n.split('@')[0] for n in outcome.faults.leaders_seen)}")
+    for stall in outcome.stalls:
+        print(f"stalled: {stall}")
+    print()
+    print(cluster_line(outcome))
+    return 0 if f.ok and not outcome.stalls else 1
+
+
 def main(argv: Sequence[str], settings: Settings) -> int:
     """Entry point of `idempotent-workers chaos` (`settings` are not used: see above)."""
     del settings
     args = _parser().parse_args(list(argv))
     configure_logging("warning")  # the run's own progress lines are what matters here
+    if args.profile in CLUSTER_PROFILES:
+        return _cluster(args.profile, args.seed, args.keep)
     outcome = asyncio.run(_guarded(args.profile, args.seed, args.keep))
     print()
     for line in fault_table(outcome.faults):

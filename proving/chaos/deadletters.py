@@ -51,8 +51,10 @@ def _attempt(message: aio_pika.abc.AbstractIncomingMessage) -> int:
 
 
 class DeadLetterWatcher:
-    def __init__(self, url: str, queues: Sequence[str]) -> None:
-        self.url = url
+    def __init__(self, url: str | Sequence[str], queues: Sequence[str]) -> None:
+        # One address, or a cluster's: the next one after every failure.
+        self.urls = [url] if isinstance(url, str) else list(url)
+        self._tries = 0
         self.queues = list(queues)
         self.seen: dict[tuple[str, str], DeadLetter] = {}
         self.copies = 0  # dead letters seen more than once
@@ -69,7 +71,7 @@ class DeadLetterWatcher:
 
     async def drain(self) -> None:
         """Take whatever is left (the broker must be up)."""
-        connection = await aio_pika.connect(self.url, timeout=10)
+        connection = await aio_pika.connect(self._next_url(), timeout=10)
         try:
             channel = await connection.channel()
             while await self._take_all(channel):
@@ -80,7 +82,7 @@ class DeadLetterWatcher:
     async def _run(self) -> None:
         while True:
             try:
-                connection = await aio_pika.connect(self.url, timeout=5)
+                connection = await aio_pika.connect(self._next_url(), timeout=5)
             except Exception:
                 await asyncio.sleep(0.5)
                 continue
@@ -97,6 +99,10 @@ class DeadLetterWatcher:
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(connection.close(), 2)
+
+    def _next_url(self) -> str:
+        self._tries += 1
+        return self.urls[(self._tries - 1) % len(self.urls)]
 
     async def _take_all(self, channel: aio_pika.abc.AbstractChannel) -> int:
         taken = 0

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,7 +75,9 @@ class Fleet:
         rng: random.Random,
         push: bool = False,
         spread_seconds: float = 0.0,
+        slot_env: Sequence[Mapping[str, str]] = (),
     ) -> None:
+        self.slot_env = list(slot_env)  # per slot, over `env` (a cluster's address order)
         self.spread_seconds = spread_seconds  # spread the crash quota over this long
         self._started = 0.0
         self.target = TARGETS[push]
@@ -172,6 +174,8 @@ class Fleet:
 
     def _spawn(self, slot: _Slot) -> None:
         env = {**os.environ, **self.env}
+        if slot.index < len(self.slot_env):
+            env.update(self.slot_env[slot.index])
         slot.armed = self._draw_crash()
         if slot.armed is not None:
             env["PROVING_CRASH_AT"] = str(slot.armed)

@@ -89,3 +89,44 @@ FULL = Profile(
 )
 
 PROFILES = {p.name: p for p in (CI, FULL)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterProfile:
+    """The cluster run: broker node faults only, on a 3-node cluster."""
+
+    name: str
+    messages: int
+    poison: int
+    malformed: int
+    workers: int
+    load_seconds: float
+    leader_kills: int  # SIGKILLs of the node leading the work queue, each restarted
+    rolling_restarts: int  # rounds of: every node stopped cleanly and started, in turn
+    nodes: int = 3
+    drain_seconds: float = 240.0
+
+
+CLUSTER_CI = ClusterProfile(
+    name="cluster-ci",
+    messages=1_500,
+    poison=15,
+    malformed=10,
+    workers=3,
+    load_seconds=90.0,
+    leader_kills=3,
+    rolling_restarts=1,
+)
+
+CLUSTER_FULL = ClusterProfile(
+    name="cluster",
+    messages=30_000,
+    poison=150,
+    malformed=100,
+    workers=3,
+    load_seconds=420.0,
+    leader_kills=12,
+    rolling_restarts=1,
+)
+
+CLUSTER_PROFILES = {p.name: p for p in (CLUSTER_CI, CLUSTER_FULL)}

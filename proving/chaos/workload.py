@@ -130,8 +130,10 @@ def plan(*, messages: int, poison: int, malformed: int, rng: random.Random) -> l
 class ResilientPublisher:
     """Publishes with confirms; anything unconfirmed is published again."""
 
-    def __init__(self, url: str, *, window: int = 100) -> None:
-        self.url = url
+    def __init__(self, url: str | Sequence[str], *, window: int = 100) -> None:
+        # One address, or a cluster's: the next one after every failure.
+        self.urls = [url] if isinstance(url, str) else list(url)
+        self._tries = 0
         self.window = window
         # (queue, message_id) -> monotonic time of its first confirmed publish:
         # from then on the broker has it (an outage before that is not its wait).
@@ -146,7 +148,9 @@ class ResilientPublisher:
         async with self._lock:
             while self._exchange is None:
                 try:
-                    self._connection = await aio_pika.connect(self.url, timeout=5)
+                    url = self.urls[self._tries % len(self.urls)]
+                    self._tries += 1
+                    self._connection = await aio_pika.connect(url, timeout=5)
                     channel = await self._connection.channel(publisher_confirms=True)
                     self._exchange = channel.default_exchange
                 except Exception as exc:
