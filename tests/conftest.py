@@ -16,6 +16,7 @@ from consumers import AmqpSettings, DatabaseSettings, Publisher, Settings, Worke
 from consumers.retry import RetryPolicy
 from consumers.topology import delete
 from dedupe import DbConnection, migrate, quote_ident
+from proving.chaos.cluster import LocalCluster
 from tests.apps.effects import FAST_RETRY
 from tests.harness import Harness
 from tests.support import WorkerProcess
@@ -51,6 +52,13 @@ async def db(schema: str) -> AsyncIterator[DbConnection]:
     yield conn
     await conn.execute(f"DROP SCHEMA {quote_ident(schema)} CASCADE")
     await conn.close()
+
+
+@pytest.fixture
+async def local_cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    """A 3-node RabbitMQ cluster of its own, on free ports; killed after, whatever happens."""
+    async with LocalCluster(tmp_path / "cluster") as cluster:
+        yield cluster
 
 
 @pytest.fixture

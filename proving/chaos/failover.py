@@ -1,6 +1,6 @@
 """The cluster profile: quorum queues on 3 nodes, their leader killed under load.
 
-    start a 3-node RabbitMQ cluster (proving.cluster) and a private PostgreSQL
+    start a 3-node RabbitMQ cluster (proving.chaos.cluster) and a private PostgreSQL
     declare the chaos queues: quorum queues, replicated on the 3 nodes
     start the workers, each given the 3 addresses in another order, so the
       fleet is spread over the nodes
@@ -38,13 +38,13 @@ import asyncpg
 from consumers.retry import dead_letter_queue, tier_queue
 from proving.chaos.app import LOCAL_QUEUE, app
 from proving.chaos.checker import Findings, check, count_stuck, effect_counts
+from proving.chaos.cluster import LocalCluster
 from proving.chaos.deadletters import DeadLetterWatcher
 from proving.chaos.fleet import Fleet
 from proving.chaos.profile import ClusterProfile
 from proving.chaos.run import _drain, _prepare, _Probe, free_port, say
 from proving.chaos.services import PrivatePostgres, remove_tree
 from proving.chaos.workload import JobKind, ResilientPublisher, plan
-from proving.cluster import LocalCluster
 
 
 @dataclass(slots=True, kw_only=True)

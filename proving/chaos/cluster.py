@@ -15,8 +15,8 @@ running in one cluster before it returns.
 
 Every node is a direct child (the Popen pid is the Erlang VM's) with a
 parent-death SIGKILL; `__aexit__` kills them all and removes `workdir`, also
-when the body raised. Nodes of an earlier run that outlived it are found by
-their name prefix and killed before a start.
+when the body raised. Nodes whose run died without them (the pid in their
+name is gone) are killed before a start; other live runs keep theirs.
 """
 
 from __future__ import annotations
@@ -46,21 +46,41 @@ def free_port() -> int:
         return port
 
 
+def _owner_alive(node: str) -> bool:
+    """Whether the run named in `iwcluster-<pid>-<i>@host` is still running."""
+    pid = node.removeprefix(NODE_PREFIX).split("-", 1)[0]
+    if not pid.isdigit():
+        return True  # not one of ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def kill_leftover_nodes() -> int:
-    """SIGKILL Erlang VMs running a node of ours from a run that died; return how many."""
+    """SIGKILL Erlang VMs of our nodes whose run is gone; return how many.
+
+    Nodes die with their run (a parent-death signal); this catches the rest.
+    A node of a run still alive (another test, a chaos run) is left alone.
+    """
     killed = 0
-    mine = f"{NODE_PREFIX}{os.getpid()}-"
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        names = [a.decode(errors="replace") for a in argv]
-        if any(n.startswith(NODE_PREFIX) and not n.startswith(mine) for n in names) and any(
-            n.endswith("beam.smp") for n in names
-        ):
+        # The VM's argv does not carry the node name; its environment does.
+        names = [
+            e.decode(errors="replace").partition("=")[2]
+            for e in environ
+            if e.startswith(b"RABBITMQ_NODENAME=")
+        ]
+        if any(n.startswith(NODE_PREFIX) and not _owner_alive(n) for n in names):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed += 1
