@@ -143,8 +143,13 @@ class PrivateRabbit(_Service):
         node: str | None = None,
         cookie: str | None = None,
         config: str = "",
+        advanced: str = "[].",
     ) -> None:
-        """One node; a cluster's nodes share `cookie` and name each other in `config`."""
+        """One node; a cluster's nodes share `cookie` and name each other in `config`.
+
+        `advanced` is the node's advanced.config (Erlang terms), for settings
+        rabbitmq.conf has no key for.
+        """
         base.mkdir(parents=True, exist_ok=True)
         node = node or f"chaos{os.getpid()}@localhost"
         if cookie is not None:  # HOME is `base`: the Erlang cookie is read from there
@@ -159,6 +164,7 @@ class PrivateRabbit(_Service):
             "log.file.level = warning\n" + config
         )
         (base / "rabbitmq-env.conf").write_text("")
+        (base / "advanced.config").write_text(advanced + "\n")
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(base),  # a private Erlang cookie
@@ -170,6 +176,7 @@ class PrivateRabbit(_Service):
             "RABBITMQ_LOG_BASE": str(base / "log"),
             "RABBITMQ_PID_FILE": str(base / "rabbit.pid"),
             "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
             "RABBITMQ_PLUGINS_EXPAND_DIR": str(base / "plugins-expand"),
             "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
