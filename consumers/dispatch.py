@@ -23,7 +23,7 @@ from consumers.logs import OutcomeLines, outcome_lines
 from consumers.metrics import ConsumerMetrics, Metrics
 from consumers.retry import dead_letter_queue, tier_queue
 from consumers.verdict import Outcome
-from consumers.wire import property_or_raw, republishable_headers
+from consumers.wire import republishable_headers, republished
 
 if TYPE_CHECKING:
     from consumers.items import Item
@@ -111,21 +111,7 @@ class Dispatcher:
             headers[QUEUE_HEADER] = spec.queue
             stamp_dead_lettered(headers)
             routing_key = dead_letter_queue(spec.queue)
-        message_id = property_or_raw("message_id", delivery.message_id, headers)
-        if message_id is None:
-            headers[NO_MESSAGE_ID_HEADER] = True
-        message = aio_pika.Message(
-            delivery.body,
-            headers=headers,
-            content_type=property_or_raw("content_type", delivery.content_type, headers),
-            content_encoding=property_or_raw(
-                "content_encoding", delivery.content_encoding, headers
-            ),
-            message_id=message_id,
-            correlation_id=property_or_raw("correlation_id", delivery.correlation_id, headers),
-            type=property_or_raw("type", delivery.type, headers),
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        )
+        message = republished(delivery, headers)
         for attempt in range(1, PUBLISH_TRIES + 1):
             try:
                 await self._exchange.publish(message, routing_key=routing_key)

@@ -24,7 +24,6 @@ from typing import Any
 import aio_pika
 import orjson
 
-from consumers.wire import is_text
 from dedupe import DedupeKey, fingerprint, is_plain
 
 MAX_MESSAGE_ID_BYTES = 128
@@ -72,6 +71,16 @@ class Envelope:
     @property
     def tenant(self) -> str:
         return self.key.tenant
+
+
+def is_text(value: str) -> bool:
+    """True when `value` can go on the wire as UTF-8: no lone surrogates, such as
+    `consumers.wire.read_leniently` leaves for bytes that are not UTF-8."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def loads_plain(raw: bytes) -> tuple[Any, bool]:

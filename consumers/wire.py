@@ -15,29 +15,28 @@ send bytes our AMQP library chokes on. Each trap, and what we do instead:
     dead-letter queue fails. `republishable_headers()` keeps such a value as
     a byte array (`bytearray`, written back byte for byte) and a key that
     cannot be written is dropped and named in `x-dropped-headers`.
-(c) a short-string property that cannot be written back is left out of the
+(c) a double header value arrives as a float, which pamqp writes back as a
+    single-precision float: one past its range fails the republish. Such a
+    value is kept as its decimal text.
+(d) a short-string property that cannot be written back is left out of the
     republished message and kept, raw, in an `x-raw-<name>` header.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Mapping
 from typing import Any
 
+import aio_pika
 from pamqp import common, decode
+
+from consumers.envelope import NO_MESSAGE_ID_HEADER, is_text
 
 DROPPED_HEADERS = "x-dropped-headers"
 RAW_PREFIX = "x-raw-"
-
-
-def is_text(value: str) -> bool:
-    """True when `value` can go back on the wire as UTF-8 (no lone surrogates)."""
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def raw_bytes(value: str) -> bytes:
@@ -94,6 +93,8 @@ def _writable(value: Any) -> Any:
         return bytearray(value)
     if isinstance(value, str) and not is_text(value):
         return bytearray(raw_bytes(value))
+    if isinstance(value, float) and math.isfinite(value) and abs(value) > FLOAT32_MAX:
+        return repr(value)
     if isinstance(value, Mapping):
         return republishable_headers(value)
     if isinstance(value, list):
@@ -121,3 +122,26 @@ def property_or_raw(name: str, value: str | None, headers: dict[str, Any]) -> st
         return value
     headers[f"{RAW_PREFIX}{name}"] = bytearray(raw_bytes(value))
     return None
+
+
+def republished(
+    delivery: aio_pika.abc.AbstractIncomingMessage, headers: dict[str, Any]
+) -> aio_pika.Message:
+    """`delivery` as a new persistent message with `headers` (from `republishable_headers`).
+
+    A property that cannot be written back is left out and kept in `x-raw-<name>`;
+    without its message_id the message is marked as having none.
+    """
+    message_id = property_or_raw("message_id", delivery.message_id, headers)
+    if message_id is None:
+        headers[NO_MESSAGE_ID_HEADER] = True
+    return aio_pika.Message(
+        delivery.body,
+        headers=headers,
+        content_type=property_or_raw("content_type", delivery.content_type, headers),
+        content_encoding=property_or_raw("content_encoding", delivery.content_encoding, headers),
+        message_id=message_id,
+        correlation_id=property_or_raw("correlation_id", delivery.correlation_id, headers),
+        type=property_or_raw("type", delivery.type, headers),
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+    )

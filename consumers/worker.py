@@ -32,6 +32,7 @@ from consumers.connection import connect
 from consumers.decisions import ConfigurationError
 from consumers.dispatch import Dispatcher
 from consumers.health import CHECK_TIMEOUT_SECONDS, Status
+from consumers.isolation import run_isolating
 from consumers.items import Delivery
 from consumers.metrics import ConsumerMetrics, Metrics
 from consumers.push import PushRunner
@@ -78,18 +79,7 @@ class BatchLoop:
             self._count_in_flight(len(self.buffer))
             batch = [self.buffer.popleft() for _ in range(take)]
             self.metrics.batch_messages.observe(take)
-            try:
-                await self.runner.run(batch)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                # A bug or a broken channel: hand the batch back to the broker
-                # rather than holding it unacked on a live channel forever.
-                log.exception("batch_failed", consumer=self.runner.spec.queue, size=len(batch))
-                for message in batch:
-                    with contextlib.suppress(Exception):
-                        await message.nack(requeue=True)
-                del exc
+            await run_isolating(self.runner, batch)  # never hands a whole batch back
             self._count_in_flight(len(self.buffer))
 
     def _count_in_flight(self, now: int) -> None:
