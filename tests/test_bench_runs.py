@@ -7,6 +7,8 @@ ones leave exactly one effect per message, and that the summary line is there.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from consumers import Settings
@@ -51,3 +53,18 @@ def test_jobs_are_about_300_bytes_of_json() -> None:
 def test_options_refuse_unknown_variants() -> None:
     with pytest.raises(SystemExit):
         parse(["--variants", "ceiling,nonsense"])
+
+
+async def test_scale_runs_every_setup_and_prints_the_scale_line(
+    settings: Settings, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from proving.bench.scale import scale
+
+    options = parse(["--scale", "--messages", "200", "--repeats", "1", "--timeout", "120"])
+    with (tmp_path / "scale.log").open("wb") as log:
+        assert await scale(options, settings, log) == 0
+    out = capsys.readouterr().out
+    for setup in ("processes=1", "processes=2", "bare_1", "bare_2"):
+        assert f" {setup} " in out, out
+    assert out.count("effects ok") == 2, out
+    assert "scale: processes=1 rate=" in out and " two/bare_2=" in out, out

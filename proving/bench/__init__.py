@@ -152,6 +152,10 @@ def _run(main: Coroutine[Any, Any, int], loop: EventLoop) -> int:
 def main(argv: Sequence[str], settings: Settings) -> int:
     """Entry point of `idempotent-workers bench`."""
     options = parse(argv)
+    if options.scale:
+        from proving.bench.scale import main as scale_main
+
+        return scale_main(argv, settings)
     with open(options.log_file, "wb") as log_file:
         configure_logging("info", json=True, file=log_file)
         code = _run(bench(options, settings), options.loop)

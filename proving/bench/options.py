@@ -49,6 +49,7 @@ class BenchOptions:
     loop: EventLoop = EventLoop.ASYNCIO
     timeout: float = 300.0  # per run
     profile: str | None = None  # a variant to sample with py-spy while it consumes
+    scale: bool = False  # instead: 1 and 2 framework processes beside bare ones
 
 
 def parse(argv: Sequence[str]) -> BenchOptions:
@@ -93,6 +94,12 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         default=None,
         help="sample VARIANT's runs with py-spy and print where the time goes",
     )
+    parser.add_argument(
+        "--scale",
+        action="store_true",
+        help="instead of the variants: 1 and 2 framework processes (run --processes 2) beside"
+        " 1 and 2 bare aio-pika consumer processes, on one queue; prints the scale: line",
+    )
     argv = list(argv)
     if argv[:1] == ["--"]:  # `idempotent-workers bench -- --messages 5000`
         argv = argv[1:]
@@ -117,4 +124,5 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         loop=EventLoop(args.loop),
         timeout=args.timeout,
         profile=args.profile,
+        scale=args.scale,
     )

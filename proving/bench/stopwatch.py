@@ -69,6 +69,10 @@ class Stopwatch:
     def acked(self) -> int:
         return len(self._latencies)
 
+    def span(self) -> tuple[float, float]:
+        """(first delivery, last ack), `time.perf_counter()` readings; 0.0 before any."""
+        return self._first, self._last
+
     def timing(self) -> Timing:
         latencies = sorted(self._latencies)
         if not latencies:

@@ -1,0 +1,57 @@
+"""The bare side of the scale runs: the bench's `ceiling` loop as a process of its own.
+
+    BENCH_SCALE_DIR=/tmp/d python -m proving.bench.scale.bare AMQP_URL QUEUE PREFETCH
+
+Consumes and acks (`ack(multiple=True)` per wake-up, nothing else) until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import aio_pika
+
+from proving.bench.scale.instrument import install_from_env
+
+Delivery = aio_pika.abc.AbstractIncomingMessage
+
+
+async def consume(url: str, queue_name: str, prefetch: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=prefetch)
+        queue = await channel.get_queue(queue_name, ensure=False)
+        newest: list[Delivery] = []
+        wake = asyncio.Event()
+
+        async def on_message(message: Delivery) -> None:
+            newest.append(message)
+            wake.set()
+
+        async def acker() -> None:
+            while True:
+                await wake.wait()
+                wake.clear()
+                last = newest[-1]
+                newest.clear()
+                await last.ack(multiple=True)
+
+        task = asyncio.create_task(acker())
+        tag = await queue.consume(on_message)
+        await stop.wait()
+        await queue.cancel(tag)
+        task.cancel()
+    finally:
+        await connection.close()
+
+
+if __name__ == "__main__":
+    install_from_env()
+    asyncio.run(consume(sys.argv[1], sys.argv[2], int(sys.argv[3])))
