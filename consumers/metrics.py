@@ -22,8 +22,10 @@ queue framework exports, per consumer: the duplicates we absorbed
     idempotent_workers_heartbeat_timestamp_seconds               the event loop's last beat
     idempotent_workers_dedupe_rows                               processed_messages, estimated
     idempotent_workers_dedupe_oldest_claim_age_seconds           its oldest row's age
+    idempotent_workers_outbox_pending                            outbox rows not yet published
+    idempotent_workers_relay_lag_seconds                         the oldest pending row's age
 
-The last two are read from PostgreSQL when scraped (`DedupeCollector`).
+The last four are read from PostgreSQL when scraped (`DedupeCollector`).
 
 Cost: recorded per batch (a counter incremented by n), not per message,
 except the handler histogram (one observation per handler call).
@@ -46,7 +48,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from consumers.verdict import Outcome
-from dedupe import InboxStats
+from dedupe import OUTBOX_COUNT_CAP, TableStats
 
 log = structlog.get_logger(__name__)
 
@@ -223,13 +225,13 @@ class ConsumerMetrics:
 
 
 class DedupeCollector(Collector):
-    """Reads the dedupe table's size and oldest claim when scraped.
+    """Reads the dedupe and outbox tables' figures when scraped.
 
     `read()` runs in the scraping thread and returns None when the database
     does not answer in time: the scrape then lacks these two, rather than failing.
     """
 
-    def __init__(self, read: Callable[[], InboxStats | None]) -> None:
+    def __init__(self, read: Callable[[], TableStats | None]) -> None:
         self._read = read
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
@@ -247,6 +249,20 @@ class DedupeCollector(Collector):
                 value=reading.rows,
             )
         ]
+        families.append(
+            GaugeMetricFamily(
+                PREFIX + "outbox_pending",
+                f"Outbox rows not yet published (counted up to {OUTBOX_COUNT_CAP}).",
+                value=reading.outbox_pending,
+            )
+        )
+        families.append(
+            GaugeMetricFamily(
+                PREFIX + "relay_lag_seconds",
+                "Age of the oldest outbox row not yet published (0: none pending).",
+                value=reading.outbox_lag_seconds,
+            )
+        )
         if reading.oldest_age_seconds is not None:
             families.append(
                 GaugeMetricFamily(

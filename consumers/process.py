@@ -26,7 +26,7 @@ from consumers.horizon import check_retention, retention_need
 from consumers.metrics import DedupeCollector
 from consumers.settings import Settings
 from consumers.worker import Worker
-from dedupe import InboxStats
+from dedupe import TableStats
 
 log = structlog.get_logger(__name__)
 
@@ -88,8 +88,8 @@ async def run_process(target: str, settings: Settings) -> int:
 def _serve(worker: Worker, heartbeat: Heartbeat, loop: asyncio.AbstractEventLoop) -> Endpoint:
     """The endpoint on IW_METRICS_PORT; the dedupe figures are read in the worker's loop."""
 
-    def read() -> InboxStats | None:
-        future = asyncio.run_coroutine_threadsafe(worker.inbox_stats(), loop)
+    def read() -> TableStats | None:
+        future = asyncio.run_coroutine_threadsafe(worker.table_stats(), loop)
         try:
             return future.result(timeout=SCRAPE_READ_SECONDS)
         except TimeoutError:

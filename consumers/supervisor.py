@@ -49,7 +49,7 @@ from consumers.multiproc import (
     prepare,
 )
 from consumers.settings import Settings
-from dedupe import InboxStats, inbox_stats
+from dedupe import TableStats, table_stats
 
 log = structlog.get_logger(__name__)
 
@@ -252,8 +252,8 @@ class Supervisor:
             await asyncio.sleep(BEAT_SECONDS)
 
     def _serve(self, directory: Path, loop: asyncio.AbstractEventLoop) -> Endpoint:
-        def read() -> InboxStats | None:
-            future = asyncio.run_coroutine_threadsafe(self._inbox_stats(), loop)
+        def read() -> TableStats | None:
+            future = asyncio.run_coroutine_threadsafe(self._table_stats(), loop)
             try:
                 return future.result(timeout=SCRAPE_READ_SECONDS)
             except TimeoutError:
@@ -275,12 +275,12 @@ class Supervisor:
         assert metrics.port is not None
         return Endpoint(registry, health, host=metrics.host, port=metrics.port).start()
 
-    async def _inbox_stats(self) -> InboxStats:
+    async def _table_stats(self) -> TableStats:
         """Read in the supervisor's loop, on a connection of its own (reopened after a failure)."""
         if self._db is None or self._db.is_closed():
             self._db = await asyncpg.connect(self.settings.database.url)
         try:
-            return await inbox_stats(self._db, self.settings.database.schema)
+            return await table_stats(self._db, self.settings.database.schema)
         except Exception:
             with contextlib.suppress(Exception):
                 await self._db.close()

@@ -41,7 +41,7 @@ from consumers.spec import HandlerSpec
 from consumers.topology import declare
 from consumers.verdict import describe
 from consumers.wire import read_leniently
-from dedupe import Inbox, InboxStats, SendLedger, check_schema, inbox_stats, quote_ident
+from dedupe import Inbox, SendLedger, TableStats, check_schema, quote_ident, table_stats
 from providers import Provider
 
 Runner = BatchRunner | PushRunner
@@ -253,12 +253,12 @@ class Worker:
             return Status(ok=False, detail="; ".join(problems))
         return Status(ok=True, detail=f"consuming {len(self.app.specs)} queue(s)")
 
-    async def inbox_stats(self) -> InboxStats | None:
+    async def table_stats(self) -> TableStats | None:
         """The dedupe table's size and oldest claim, for a scrape; None before start."""
         if self.pool is None:
             return None
         async with self.pool.acquire() as conn:
-            return await inbox_stats(conn, self.settings.database.schema)
+            return await table_stats(conn, self.settings.database.schema)
 
     async def wait_stopped(self) -> None:
         """Return once `stop()` (from a signal handler, say) has closed everything."""

@@ -18,11 +18,12 @@ from dedupe.lookup import ClaimRow, KeyRecord, look_up
 from dedupe.migrate import available_migrations, check_schema, migrate, quote_ident
 from dedupe.outbox import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure
 from dedupe.retention import CleanerBusy, CleanupResult, Retention, cleanup
-from dedupe.stats import InboxStats, inbox_stats
+from dedupe.stats import OUTBOX_COUNT_CAP, TableStats, table_stats
 
 __all__ = [
     "LEASE_EXPIRED",
     "NOTIFY_CHANNEL",
+    "OUTBOX_COUNT_CAP",
     "Claim",
     "ClaimOutcome",
     "ClaimRow",
@@ -32,7 +33,6 @@ __all__ = [
     "DedupeError",
     "DedupeKey",
     "Inbox",
-    "InboxStats",
     "KeyRecord",
     "MigrationError",
     "NotInTransaction",
@@ -46,6 +46,7 @@ __all__ = [
     "SendResult",
     "SendRow",
     "SendStatus",
+    "TableStats",
     "TargetKey",
     "UnknownOutcome",
     "available_migrations",
@@ -53,9 +54,9 @@ __all__ = [
     "check_schema",
     "cleanup",
     "fingerprint",
-    "inbox_stats",
     "is_plain",
     "look_up",
     "migrate",
     "quote_ident",
+    "table_stats",
 ]

@@ -1,14 +1,17 @@
-"""How big the inbox is and how old its oldest claim, read cheaply enough to scrape.
+"""The dedupe and outbox tables' figures, read cheaply enough to scrape.
 
-- rows: `pg_class.reltuples`, the planner's estimate (kept by autovacuum's
-  ANALYZE); 0 before the table was first analyzed. `count(*)` would read
-  the whole table.
+- inbox rows: `pg_class.reltuples`, the planner's estimate (kept by
+  autovacuum's ANALYZE); 0 before the table was first analyzed. `count(*)`
+  would read the whole table.
 - oldest claim: `processed_at` has only a BRIN index (rows arrive in time
   order), which cannot answer `min()` without reading every range. So a
   0.1% page sample gives an upper bound first, and the BRIN index then
   reads only the ranges that hold rows at or below it: a few megabytes of
   a ten-million-row table. A table too small for the sample to hit a page
   is read whole, which is cheap at that size.
+- outbox: pending rows counted through the partial index of pending rows,
+  up to OUTBOX_COUNT_CAP (a relay down for hours must not make every
+  scrape slower); the relay's lag is the age of the oldest pending row.
 """
 
 from __future__ import annotations
@@ -18,15 +21,20 @@ from dataclasses import dataclass
 from dedupe.connection import DbConnection
 from dedupe.migrate import quote_ident
 
+OUTBOX_COUNT_CAP = 100_000
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class InboxStats:
+class TableStats:
     rows: float
-    oldest_age_seconds: float | None  # None: the table is empty
+    oldest_age_seconds: float | None  # None: the inbox is empty
+    outbox_pending: int = 0  # at most OUTBOX_COUNT_CAP
+    outbox_lag_seconds: float = 0.0  # the oldest pending row's age; 0 when none is pending
 
 
-async def inbox_stats(conn: DbConnection, schema: str) -> InboxStats:
-    table = f"{quote_ident(schema)}.processed_messages"
+async def table_stats(conn: DbConnection, schema: str) -> TableStats:
+    inbox = f"{quote_ident(schema)}.processed_messages"
+    outbox = f"{quote_ident(schema)}.outbox"
     async with conn.transaction(readonly=True):
         # The bound below is a parameter: plan for its value, not generically,
         # or the planner may pick a sequential scan for an unknown bound.
@@ -38,16 +46,24 @@ async def inbox_stats(conn: DbConnection, schema: str) -> InboxStats:
             schema,
         )
         bound = await conn.fetchval(
-            f"SELECT min(processed_at) FROM {table} TABLESAMPLE SYSTEM (0.1)"
+            f"SELECT min(processed_at) FROM {inbox} TABLESAMPLE SYSTEM (0.1)"
         )
+        age_sql = f"SELECT extract(epoch FROM now() - min(processed_at))::float8 FROM {inbox}"
         if bound is None:
-            age = await conn.fetchval(
-                f"SELECT extract(epoch FROM now() - min(processed_at))::float8 FROM {table}"
-            )
+            age = await conn.fetchval(age_sql)
         else:
-            age = await conn.fetchval(
-                f"SELECT extract(epoch FROM now() - min(processed_at))::float8 FROM {table}"
-                " WHERE processed_at <= $1",
-                bound,
-            )
-    return InboxStats(rows=float(rows or 0.0), oldest_age_seconds=age)
+            age = await conn.fetchval(age_sql + " WHERE processed_at <= $1", bound)
+        pending = await conn.fetchval(
+            f"SELECT count(*) FROM (SELECT 1 FROM {outbox} WHERE published_at IS NULL"
+            f" LIMIT {OUTBOX_COUNT_CAP}) AS p"
+        )
+        lag = await conn.fetchval(
+            f"SELECT extract(epoch FROM now() - created_at)::float8 FROM {outbox}"
+            " WHERE published_at IS NULL ORDER BY id LIMIT 1"
+        )
+    return TableStats(
+        rows=float(rows or 0.0),
+        oldest_age_seconds=age,
+        outbox_pending=int(pending),
+        outbox_lag_seconds=max(float(lag or 0.0), 0.0),
+    )

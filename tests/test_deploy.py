@@ -28,7 +28,7 @@ from consumers.endpoint import LIVENESS_PATH, METRICS_PATH, READINESS_PATH
 from consumers.metrics import PREFIX, DedupeCollector, Metrics
 from consumers.multiproc import SupervisorCollector
 from consumers.settings import Settings
-from dedupe import InboxStats
+from dedupe import TableStats
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 # Commands the deploy files use that other work is adding to the CLI.
@@ -51,7 +51,7 @@ def _exposed_names() -> set[str]:
     """Every sample name the worker and the supervisor can expose."""
     registry = CollectorRegistry()
     Metrics(registry)
-    registry.register(DedupeCollector(lambda: InboxStats(rows=1.0, oldest_age_seconds=1.0)))
+    registry.register(DedupeCollector(lambda: TableStats(rows=1.0, oldest_age_seconds=1.0)))
     registry.register(SupervisorCollector(restarts=lambda: 0, running=lambda: 0))
     suffixes = {
         "counter": ("_total",),

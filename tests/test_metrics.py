@@ -10,7 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 
 from consumers import Publisher
-from dedupe import DbConnection
+from dedupe import DbConnection, Outbox
 from proving.chaos.proxy import FaultProxy
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
 from tests.support import http_get, scrape, settle, wait_declared, wait_for
@@ -24,7 +24,7 @@ def _messages(samples: dict[str, float], queue: str, outcome: str, reason: str =
 
 
 async def test_scrape_after_a_known_workload_shows_the_exact_counts(
-    db: DbConnection, queue_name: str, publisher: Publisher, spawn: Spawn
+    db: DbConnection, schema: str, queue_name: str, publisher: Publisher, spawn: Spawn
 ) -> None:
     worker = spawn({"IW_METRICS_PORT": "0"})
     base = await worker.endpoint()
@@ -55,6 +55,10 @@ async def test_scrape_after_a_known_workload_shows_the_exact_counts(
 
     await wait_for(all_settled, timeout=60)
     await db.execute("ANALYZE processed_messages")  # reltuples exact on a small table
+    async with db.transaction():  # 3 follow-ups waiting for a relay (none runs here)
+        for n in range(3):
+            await Outbox(schema).enqueue(db, queue="follow.up", body={"n": n}, message_id=f"f-{n}")
+    await asyncio.sleep(0.1)
     samples = await scrape(base)
 
     assert _messages(samples, queue_name, "effect_committed") == 20
@@ -73,6 +77,7 @@ async def test_scrape_after_a_known_workload_shows_the_exact_counts(
     assert samples.get(f"{M}database_stalls_total{label}", 0) == 0
     assert samples[f"{M}dedupe_rows"] == 20  # the rejected ones' claims were released
     assert 0 <= samples[f"{M}dedupe_oldest_claim_age_seconds"] < 120
+    assert samples[f"{M}outbox_pending"] == 3 and samples[f"{M}relay_lag_seconds"] > 0
     assert samples[f"{M}ready"] == 1
 
     worker.terminate()
