@@ -28,7 +28,8 @@ from typing import Any
 import aio_pika
 
 from consumers.dispatch import DEAD_LETTERED_AT_HEADER, ERROR_HEADER
-from consumers.envelope import ATTEMPT_HEADER, NO_MESSAGE_ID_HEADER, REASON_HEADER
+from consumers.envelope import ATTEMPT_HEADER, NO_MESSAGE_ID_HEADER, REASON_HEADER, is_text
+from consumers.wire import read_leniently
 
 DLQ_SUFFIX = ".dlq"
 
@@ -109,16 +110,16 @@ def _aware(moment: Any) -> datetime.datetime:
 
 
 def undecodable_header(headers: Mapping[str, Any], prefix: str = "") -> str | None:
-    """The name of the first header holding text that is not UTF-8, or None."""
+    """The name of the first header whose name or text is not UTF-8, or None."""
     for name, value in headers.items():
         path = f"{prefix}{name}"
-        if isinstance(value, bytes):  # pamqp hands back a string it cannot decode as bytes
+        if not is_text(name) or _undecodable(value):
             return path
         if isinstance(value, Mapping) and (inner := undecodable_header(value, f"{path}.")):
             return inner
         if isinstance(value, list):
             for index, item in enumerate(value):
-                if isinstance(item, bytes):
+                if _undecodable(item):
                     return f"{path}[{index}]"
                 if isinstance(item, Mapping) and (
                     inner := undecodable_header(item, f"{path}[{index}].")
@@ -127,13 +128,23 @@ def undecodable_header(headers: Mapping[str, Any], prefix: str = "") -> str | No
     return None
 
 
+def _undecodable(value: object) -> bool:
+    # pamqp hands back a long string it cannot decode as bytes; read_leniently
+    # leaves a short one with lone surrogates.
+    return isinstance(value, bytes) or (isinstance(value, str) and not is_text(value))
+
+
 async def read_dead_letters(
     channel: aio_pika.abc.AbstractChannel, dlq: str, *, most: int, idle_seconds: float = 2.0
 ) -> tuple[list[DeadLetter], int]:
     """Up to `most` messages of `dlq`, unacked, and how many it held.
 
-    Closing `channel` gives them back to the queue.
+    Closing `channel` gives them back to the queue. A property or header
+    name that is not UTF-8 is read as lone surrogates (`consumers.wire`)
+    rather than costing the connection, so one such message cannot stop
+    every later read at itself.
     """
+    read_leniently()
     try:
         queue = await channel.declare_queue(dlq, passive=True)
     except aio_pika.exceptions.ChannelNotFoundEntity as exc:

@@ -4,7 +4,7 @@ For each dead letter read (in queue order), in this order:
 
 1. not selected (`--reason`, `--message-id`, `--since`)       left alone
 2. past `--limit` selected ones                                left alone
-3. no message_id, or a header that is not UTF-8                skipped: reported, left in the DLQ
+3. no message_id, or a property or header that is not UTF-8  skipped: reported, left in the DLQ
 4. first dead-lettered longer ago than retention               refused unless `--force`: its
                                                                claim may be deleted, so a replay
                                                                could apply it a second time
@@ -37,7 +37,7 @@ from consumers.deadletters import (
     undecodable_header,
 )
 from consumers.dispatch import ERROR_HEADER, QUEUE_HEADER
-from consumers.envelope import ATTEMPT_HEADER, REASON_HEADER
+from consumers.envelope import ATTEMPT_HEADER, REASON_HEADER, is_text
 from consumers.retry import dead_letter_queue
 
 # The framework's own headers, set again if the message fails again; the
@@ -151,6 +151,18 @@ async def _replay_one(
     if letter.message_id is None:
         return Replayed(
             letter=letter, outcome=Outcome.SKIPPED, why="no message_id: it has no dedupe key"
+        )
+    bad_property = next(
+        (
+            name
+            for name in ("message_id", "content_type", "content_encoding", "correlation_id", "type")
+            if not is_text(getattr(message, name) or "")
+        ),
+        None,
+    )
+    if bad_property is not None:
+        return Replayed(
+            letter=letter, outcome=Outcome.SKIPPED, why=f"property {bad_property} is not UTF-8"
         )
     bad = undecodable_header(message.headers or {})
     if bad is not None:

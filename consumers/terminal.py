@@ -13,15 +13,17 @@ from __future__ import annotations
 import unicodedata
 from functools import cache
 
-_BAD_BYTES = range(0xDC80, 0xDD00)  # bytes that are not UTF-8, after surrogateescape
+# Bytes that are not UTF-8, read with surrogateescape (as `bytes` here, or by
+# consumers.wire.read_leniently for AMQP short strings): printed as the byte.
+_BAD_BYTES = range(0xDC80, 0xDD00)
 
 
 @cache
-def _escape(char: str, from_bytes: bool) -> str:
+def _escape(char: str) -> str:
     code = ord(char)
     if char == "\\":
         return "\\\\"
-    if from_bytes and code in _BAD_BYTES:
+    if code in _BAD_BYTES:
         return f"\\x{code - 0xDC00:02x}"
     if code < 0x20 or 0x7F <= code < 0xA0:
         return f"\\x{code:02x}"
@@ -36,8 +38,7 @@ def printable(value: str | bytes | bytearray | None) -> str:
     """`value` with every control or invisible character escaped; bytes not UTF-8 as `\\xNN`."""
     if value is None:
         return "-"
-    from_bytes = not isinstance(value, str)
     text = value if isinstance(value, str) else bytes(value).decode("utf-8", "surrogateescape")
     if text.isprintable() and "\\" not in text:
         return text
-    return "".join(_escape(char, from_bytes) for char in text)
+    return "".join(_escape(char) for char in text)

@@ -68,3 +68,11 @@ async def test_scale_runs_every_setup_and_prints_the_scale_line(
         assert f" {setup} " in out, out
     assert out.count("effects ok") == 2, out
     assert "scale: processes=1 rate=" in out and " two/bare_2=" in out, out
+
+
+async def test_the_cleanup_bench_deletes_every_expired_row_at_each_size(settings: Settings) -> None:
+    from proving.bench.cleanup import bench as cleanup_bench
+
+    line = await cleanup_bench(settings.database.url, [0, 2000], expired=1200, batch=500, repeats=1)
+    assert line.startswith("cleanup: deleted=1200 batch=500 rows=0 us_per_row="), line
+    assert " rows=2000 us_per_row=" in line and " ratio=" in line, line

@@ -16,12 +16,14 @@ from typing import Any
 
 import aio_pika
 import pytest
+from yarl import URL
 
 from consumers import AmqpSettings
 from consumers.dispatch import DEAD_LETTERED_AT_HEADER
 from consumers.retry import RetryPolicy, dead_letter_queue
 from consumers.topology import declare
 from dedupe import DbConnection, Retention, cleanup
+from proving.rawamqp import RawProperties, RawPublisher, RawValue
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
 from tests.support import ROOT, wait_declared, wait_for
 
@@ -274,3 +276,28 @@ async def test_replay_of_a_message_older_than_retention_is_refused_and_with_forc
     await wait_for(lambda: effects(2), timeout=60)
     worker.terminate()
     await worker.expect_exit(0)
+
+
+async def test_a_property_or_header_name_that_is_not_utf8_stops_nothing(
+    channel: aio_pika.abc.AbstractChannel, topology: str
+) -> None:
+    """pamqp cannot read either: the connection used to drop, and every run stopped there."""
+    now_ms = int(time.time() * 1000)
+    dated: dict[bytes | str, RawValue] = {DEAD_LETTERED_AT_HEADER: now_ms, "x-reason": "r"}
+    broker = URL(AMQP_URL)
+    async with await RawPublisher.connect(host=broker.host or "", port=broker.port or 5672) as raw:
+        dlq = dead_letter_queue(topology)
+        await raw.publish(dlq, b"{}", RawProperties(message_id=b"id-\xff", headers=dated))
+        bad_key = {**dated, b"x-\xfe": "v"}
+        await raw.publish(dlq, b"{}", RawProperties(message_id=b"bad-key", headers=bad_key))
+        await raw.publish(dlq, b"{}", RawProperties(message_id=b"fine", headers=dated))
+    listed = run_cli("dlq", "list", topology)
+    assert listed.returncode == 0, listed.stderr
+    assert "id-\\xff" in listed.stdout and "listed=3" in listed.stdout
+    for _ in range(2):
+        done = run_cli("dlq", "replay", topology)
+        assert done.returncode == 0, done.stderr
+        assert "property message_id is not UTF-8" in done.stdout
+        assert "header x-\\xfe is not UTF-8" in done.stdout
+    assert await ids_in(channel, topology) == ["fine"]
+    assert await count(channel, dead_letter_queue(topology)) == 2
