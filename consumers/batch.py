@@ -13,7 +13,12 @@ again with a savepoint per message (or, for a batch handler, split in halves),
 so the failing message alone is retried or dead-lettered and the others'
 effects still commit exactly once. A lost database connection, or a commit
 whose outcome is unknown, re-runs the whole batch once the database answers:
-the claims make a repeat harmless, and nothing is acked before a commit.
+the claims make a repeat harmless, and nothing is acked before a commit. A
+database that stays away through every re-run raises DatabaseUnavailable, and
+each message of the batch is retried through the delay tiers.
+
+Verdicts travel by return value: decoding returns the ones it reached, the
+transaction returns one per claimed item, and `Dispatcher.settle` takes the pairs.
 """
 
 from __future__ import annotations
@@ -29,9 +34,9 @@ from consumers.context import Batch, Context
 from consumers.decisions import Reject, Retry
 from consumers.dispatch import Dispatcher
 from consumers.faults import CrashPoint, Faults
-from consumers.items import Delivery, Item, decode_batch
+from consumers.items import Delivery, Item, Verdicts, decode_batch
 from consumers.metrics import ConsumerMetrics
-from consumers.rerun import rerun_after_disconnect, rollback_quietly
+from consumers.rerun import DatabaseUnavailable, rerun_after_disconnect, rollback_quietly
 from consumers.settings import WorkerSettings
 from consumers.spec import HandlerSpec
 from consumers.verdict import (
@@ -53,9 +58,10 @@ log = structlog.get_logger(__name__)
 class _HandlerFailed(Exception):
     """The fast path hit a handler exception: re-run the batch carefully."""
 
-    def __init__(self, alone: Item | None) -> None:
+    def __init__(self, alone: Item | None, claimed: Verdicts) -> None:
         super().__init__()
         self.alone = alone  # the failing message, when it was the batch's only new one
+        self.claimed = claimed  # the others' verdicts, from their claims
 
 
 class BatchRunner:
@@ -82,34 +88,36 @@ class BatchRunner:
 
     async def run(self, deliveries: Sequence[Delivery]) -> None:
         """Decide, commit and acknowledge every delivery of the batch."""
-        items = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
-        pending = [i for i in items if i.verdict is None]
-        if pending:
+        decoded = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
+        verdicts: Verdicts = {}
+        if decoded.pending:
             began = time.perf_counter()
-            await rerun_after_disconnect(
-                lambda: self._transact(pending),
-                pending,
-                consumer=self.spec.queue,
-                event="batch_rerun",
-                stalled=self.metrics.database_stalled,
-            )
+            try:
+                verdicts = await rerun_after_disconnect(
+                    lambda: self._transact(decoded.pending),
+                    consumer=self.spec.queue,
+                    event="batch_rerun",
+                    size=len(decoded.pending),
+                    stalled=self.metrics.database_stalled,
+                )
+            except DatabaseUnavailable as lost:
+                verdicts = dict.fromkeys(decoded.pending, lost.verdict)
             self.metrics.commit_seconds.observe(time.perf_counter() - began)
         self.faults.reached(CrashPoint.AFTER_COMMIT)
-        await self.dispatcher.settle(self.spec, items)
+        await self.dispatcher.settle(self.spec, [*decoded.decided, *verdicts.items()])
 
-    async def _transact(self, items: list[Item]) -> None:
-        """One transaction for the batch; sets every item's verdict."""
+    async def _transact(self, items: list[Item]) -> Verdicts:
+        """One transaction for the batch; returns every item's verdict."""
         try:
-            await self._attempt(items, careful=False)
+            return await self._attempt(items, careful=False)
         except _HandlerFailed as failed:
             if failed.alone is not None and failed.__cause__ is not None:
                 # Nothing else to commit: no need to run it a second time.
                 assert isinstance(failed.__cause__, Exception)
-                failed.alone.verdict = self._judge(failed.__cause__)
-                return
-            await self._attempt(items, careful=True)
+                return {**failed.claimed, failed.alone: self._judge(failed.__cause__)}
+            return await self._attempt(items, careful=True)
 
-    async def _attempt(self, items: list[Item], *, careful: bool) -> None:
+    async def _attempt(self, items: list[Item], *, careful: bool) -> Verdicts:
         async with self.pool.acquire() as conn:
             tx = conn.transaction()
             await tx.start()
@@ -122,24 +130,29 @@ class BatchRunner:
                         if i.envelope is not None
                     ],
                 )
+                verdicts: Verdicts = {}
                 fresh: list[Item] = []
                 for item, outcome in zip(items, outcomes, strict=True):
                     if outcome is ClaimOutcome.NEW:
                         fresh.append(item)
                     else:
-                        item.verdict = DUPLICATE if outcome is ClaimOutcome.DUPLICATE else REUSED
+                        verdicts[item] = DUPLICATE if outcome is ClaimOutcome.DUPLICATE else REUSED
                 if careful:
-                    failed = await self._effects_careful(conn, fresh)
+                    effects = await self._effects_careful(conn, fresh)
+                    failed = [i for i, v in effects.items() if v is not EFFECT]
                     await self.inbox.release(conn, [i.envelope.key for i in failed if i.envelope])
+                    verdicts.update(effects)
                 else:
-                    await self._effects_fast(conn, fresh)
+                    await self._effects_fast(conn, fresh, verdicts)
+                    verdicts.update(dict.fromkeys(fresh, EFFECT))
                 self.faults.reached(CrashPoint.BEFORE_COMMIT)
             except BaseException:
                 await rollback_quietly(tx)
                 raise
             await tx.commit()  # <- effects and claims are durable from here on
+        return verdicts
 
-    async def _effects_fast(self, conn: DbConnection, fresh: list[Item]) -> None:
+    async def _effects_fast(self, conn: DbConnection, fresh: list[Item], claimed: Verdicts) -> None:
         """No savepoints: any handler error sends the batch to the careful path."""
         staged: dict[str, list[Sequence[Any]]] = {}
         contexts = [self._context(conn, i, staged) for i in fresh]
@@ -161,17 +174,14 @@ class BatchRunner:
         except CONNECTION_ERRORS:
             raise
         except Exception as exc:
-            raise _HandlerFailed(fresh[0] if len(fresh) == 1 else None) from exc
-        for item in fresh:
-            item.verdict = EFFECT
+            raise _HandlerFailed(fresh[0] if len(fresh) == 1 else None, claimed) from exc
 
-    async def _effects_careful(self, conn: DbConnection, fresh: list[Item]) -> list[Item]:
-        """A savepoint per message (or per half of a batch); returns the failed items."""
-        failed: list[Item] = []
+    async def _effects_careful(self, conn: DbConnection, fresh: list[Item]) -> Verdicts:
+        """A savepoint per message (or per half of a batch); a verdict for each."""
         if self.spec.handle_batch is not None:
-            await self._bisect(conn, fresh, failed)
-            return failed
+            return await self._bisect(conn, fresh)
         assert self.spec.handle is not None
+        verdicts: Verdicts = {}
         for item in fresh:
             savepoint = conn.transaction()
             await savepoint.start()
@@ -181,16 +191,15 @@ class BatchRunner:
                 raise
             except Exception as exc:
                 await savepoint.rollback()
-                item.verdict = self._judge(exc)
-                failed.append(item)
+                verdicts[item] = self._judge(exc)
             else:
                 await savepoint.commit()
-                item.verdict = EFFECT
-        return failed
+                verdicts[item] = EFFECT
+        return verdicts
 
-    async def _bisect(self, conn: DbConnection, items: list[Item], failed: list[Item]) -> None:
+    async def _bisect(self, conn: DbConnection, items: list[Item]) -> Verdicts:
         if not items:
-            return
+            return {}
         assert self.spec.handle_batch is not None
         savepoint = conn.transaction()
         await savepoint.start()
@@ -203,16 +212,13 @@ class BatchRunner:
         except Exception as exc:
             await savepoint.rollback()
             if len(items) == 1:
-                items[0].verdict = self._judge(exc)
-                failed.append(items[0])
-                return
+                return {items[0]: self._judge(exc)}
             middle = len(items) // 2
-            await self._bisect(conn, items[:middle], failed)
-            await self._bisect(conn, items[middle:], failed)
-        else:
-            await savepoint.commit()
-            for item in items:
-                item.verdict = EFFECT
+            verdicts = await self._bisect(conn, items[:middle])
+            verdicts.update(await self._bisect(conn, items[middle:]))
+            return verdicts
+        await savepoint.commit()
+        return dict.fromkeys(items, EFFECT)
 
     def _context(
         self, conn: DbConnection, item: Item, staged: dict[str, list[Sequence[Any]]] | None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aio_pika
@@ -22,7 +23,7 @@ from consumers.envelope import ATTEMPT_HEADER, NO_MESSAGE_ID_HEADER, REASON_HEAD
 from consumers.logs import OutcomeLines, outcome_lines
 from consumers.metrics import ConsumerMetrics, Metrics
 from consumers.retry import dead_letter_queue, tier_queue
-from consumers.verdict import Outcome
+from consumers.verdict import Outcome, Verdict
 from consumers.wire import republishable_headers, republished
 
 if TYPE_CHECKING:
@@ -40,6 +41,17 @@ QUEUE_HEADER = (
 # `dlq replay` refuses one older than retention, whose claim may be deleted.
 DEAD_LETTERED_AT_HEADER = "x-dead-lettered-at"
 
+# Outcomes whose message is republished (to a delay tier or the dead-letter queue).
+_MOVES = frozenset((Outcome.RETRY_SCHEDULED, Outcome.DEAD_LETTERED, Outcome.MESSAGE_ID_REUSED))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Moved:
+    """Where a republished message went."""
+
+    tier: float | None = None  # the delay tier of a retry
+    exhausted: bool = False  # a retry past the last attempt: dead-lettered instead
+
 
 class Dispatcher:
     """Publishes on one confirm channel shared by the worker's batch loops."""
@@ -55,36 +67,38 @@ class Dispatcher:
         self.log_effects = log_effects
         self._metrics = metrics if metrics is not None else Metrics()
 
-    async def settle(self, spec: HandlerSpec, items: Sequence[Item]) -> None:
-        movers = [item for item in items if _needs_move(item)]
+    async def settle(self, spec: HandlerSpec, decided: Sequence[tuple[Item, Verdict]]) -> None:
+        """Publish the retries and dead letters of `decided`, log every outcome, then ack."""
+        movers = [(item, verdict) for item, verdict in decided if verdict.outcome in _MOVES]
         results = (
-            await asyncio.gather(*(self._move(spec, i) for i in movers), return_exceptions=True)
+            await asyncio.gather(
+                *(self._move(spec, i, v) for i, v in movers), return_exceptions=True
+            )
             if movers
             else []
         )
-        unsettled = {
-            id(item)
-            for item, result in zip(movers, results, strict=True)
-            if isinstance(result, BaseException)
+        moved: dict[Item, Moved | BaseException] = {
+            item: result for (item, _), result in zip(movers, results, strict=True)
         }
         now = time.monotonic()
         lines = outcome_lines()
         tally: dict[tuple[Outcome, str], int] = {}
-        for item in items:
-            if id(item) in unsettled:
+        unsettled: set[Item] = set()
+        for item, verdict in decided:
+            where = moved.get(item)
+            if isinstance(where, BaseException):
+                unsettled.add(item)
                 continue
-            key = self._log_outcome(spec, item, now, lines)
+            key = self._log_outcome(spec, item, verdict, where, now, lines)
             tally[key] = tally.get(key, 0) + 1
         if lines is not None:
             lines.flush()
         metrics = self._metrics.consumer(spec.queue)
         metrics.settled(tally)
-        await _acknowledge(items, unsettled, metrics)
+        await _acknowledge([item for item, _ in decided], unsettled, metrics)
 
-    async def _move(self, spec: HandlerSpec, item: Item) -> None:
+    async def _move(self, spec: HandlerSpec, item: Item, verdict: Verdict) -> Moved:
         """Republish `item` to a delay tier or the dead-letter queue, confirmed."""
-        verdict = item.verdict
-        assert verdict is not None
         delivery = item.delivery
         attempt = attempt_of(delivery)
         headers = republishable_headers(delivery.headers or {})
@@ -100,13 +114,12 @@ class Dispatcher:
             headers[ATTEMPT_HEADER] = attempt + 1 if verdict.spend_attempt else attempt
             headers[REASON_HEADER] = verdict.reason
             routing_key = tier_queue(spec.queue, tier)
-            item.tier = tier
+            where = Moved(tier=tier)
         else:
-            if verdict.outcome is Outcome.RETRY_SCHEDULED:
-                item.exhausted = True
+            where = Moved(exhausted=retrying)
             headers[ATTEMPT_HEADER] = attempt
             headers[REASON_HEADER] = (
-                f"max_attempts_exceeded:{verdict.reason}" if item.exhausted else verdict.reason
+                f"max_attempts_exceeded:{verdict.reason}" if where.exhausted else verdict.reason
             )
             headers[QUEUE_HEADER] = spec.queue
             stamp_dead_lettered(headers)
@@ -115,7 +128,7 @@ class Dispatcher:
         for attempt in range(1, PUBLISH_TRIES + 1):
             try:
                 await self._exchange.publish(message, routing_key=routing_key)
-                return
+                return where
             except Exception as exc:
                 # Mostly the confirm channel reconnecting after a broker restart:
                 # wait for it rather than handing the message back to the queue,
@@ -130,16 +143,21 @@ class Dispatcher:
                     )
                     raise
                 await asyncio.sleep(0.25 * 2**attempt)
+        raise AssertionError("every publish try returns or raises")
 
     def _log_outcome(
-        self, spec: HandlerSpec, item: Item, now: float, lines: OutcomeLines | None
+        self,
+        spec: HandlerSpec,
+        item: Item,
+        verdict: Verdict,
+        where: Moved | None,
+        now: float,
+        lines: OutcomeLines | None,
     ) -> tuple[Outcome, str]:
         """Log the item's outcome line; return (outcome, reason) for the metrics."""
-        verdict = item.verdict
-        assert verdict is not None
         envelope = item.envelope
         outcome = verdict.outcome
-        if outcome is Outcome.RETRY_SCHEDULED and item.exhausted:
+        if where is not None and where.exhausted:
             outcome = Outcome.DEAD_LETTERED
             reason = f"max_attempts_exceeded:{verdict.reason}"
         else:
@@ -157,8 +175,8 @@ class Dispatcher:
             fields["reason"] = verdict.reason
         if verdict.error:
             fields["error"] = verdict.error
-        if item.tier is not None:
-            fields["delay_s"] = item.tier
+        if where is not None and where.tier is not None:
+            fields["delay_s"] = where.tier
         level = (
             "info"
             if outcome in (Outcome.EFFECT_COMMITTED, Outcome.DUPLICATE_IGNORED)
@@ -182,30 +200,21 @@ def stamp_dead_lettered(headers: dict[str, Any], now: float | None = None) -> No
     headers[DEAD_LETTERED_AT_HEADER] = now_ms
 
 
-def _needs_move(item: Item) -> bool:
-    assert item.verdict is not None
-    return item.verdict.outcome in (
-        Outcome.RETRY_SCHEDULED,
-        Outcome.DEAD_LETTERED,
-        Outcome.MESSAGE_ID_REUSED,
-    )
-
-
 async def _acknowledge(
-    items: Sequence[Item], unsettled: set[int], metrics: ConsumerMetrics
+    items: Sequence[Item], unsettled: set[Item], metrics: ConsumerMetrics
 ) -> None:
     """Ack settled items (multiple=True per channel); leave the rest to redelivery."""
-    highest: dict[int, Item] = {}
-    covered: dict[int, int] = {}  # deliveries each channel's one ack settles
+    highest: dict[object, Item] = {}  # by channel: one multiple ack each
+    covered: dict[object, int] = {}  # deliveries each channel's one ack settles
     failed = 0
     for item in items:
-        if id(item) in unsettled:
+        if item in unsettled:
             # Could not be republished: give it back to the broker now rather
             # than acking it past (a multiple ack would cover it otherwise).
             await _quietly(item.delivery.nack(requeue=True), item)
             continue
         try:
-            key = id(item.delivery.channel)
+            channel = item.delivery.channel
         except aio_pika.exceptions.ChannelInvalidStateError as exc:
             # Delivered on a channel that has closed since (a reconnect): an
             # ack cannot reach the broker, which redelivers the message.
@@ -217,14 +226,14 @@ async def _acknowledge(
             )
             failed += 1
             continue
-        covered[key] = covered.get(key, 0) + 1
+        covered[channel] = covered.get(channel, 0) + 1
         tag = item.delivery.delivery_tag or 0
-        best = highest.get(key)
+        best = highest.get(channel)
         if best is None or tag > (best.delivery.delivery_tag or 0):
-            highest[key] = item
-    for key, item in highest.items():
+            highest[channel] = item
+    for on, item in highest.items():
         if not await _quietly(item.delivery.ack(multiple=True), item):
-            failed += covered[key]
+            failed += covered[on]
     if failed:
         metrics.acks_failed(failed)
 

@@ -24,23 +24,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Protocol
 
 import structlog
 
-from consumers.dispatch import Dispatcher
 from consumers.items import Delivery, Item
-from consumers.spec import HandlerSpec
+from consumers.runner import Runner
 from consumers.verdict import describe, retry
 
 log = structlog.get_logger(__name__)
-
-
-class Runner(Protocol):
-    spec: HandlerSpec
-    dispatcher: Dispatcher
-
-    async def run(self, deliveries: Sequence[Delivery]) -> None: ...
 
 
 async def run_isolating(runner: Runner, batch: Sequence[Delivery]) -> None:
@@ -68,11 +59,11 @@ async def _undecidable(runner: Runner, delivery: Delivery, error: Exception) -> 
         error=describe(error),
         exc_info=error,
     )
-    item = Item(
-        delivery=delivery, envelope=None, verdict=retry("framework_error", error=describe(error))
-    )
+    item = Item(delivery=delivery, envelope=None)
     try:
-        await runner.dispatcher.settle(runner.spec, [item])
+        await runner.dispatcher.settle(
+            runner.spec, [(item, retry("framework_error", error=describe(error)))]
+        )
     except Exception:
         log.exception(
             "message_rejected", consumer=runner.spec.queue, message_id=delivery.message_id

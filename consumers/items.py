@@ -1,4 +1,4 @@
-"""A batch's deliveries as items: decoded, folded, each waiting for its verdict."""
+"""A batch's deliveries as items; decoding tells the decided from the pending."""
 
 from __future__ import annotations
 
@@ -19,26 +19,36 @@ if TYPE_CHECKING:
 Delivery = aio_pika.abc.AbstractIncomingMessage
 
 
-@dataclass(slots=True)
+@dataclass(eq=False, slots=True)
 class Item:
+    """One delivery of a batch. Hashes by identity: a batch's verdicts are keyed by it."""
+
     delivery: Delivery
     envelope: Envelope | None
-    verdict: Verdict | None = None
     started: float = field(default_factory=time.monotonic)
-    tier: float | None = None  # the delay tier a retry went to
-    exhausted: bool = False  # a retry past the last attempt: dead-lettered instead
 
 
-def decode_batch(
-    deliveries: Sequence[Delivery], spec: HandlerSpec, max_body_bytes: int
-) -> list[Item]:
-    """Decode every delivery; bad input and in-batch repeats get their verdict now.
+# What happens to each item of a batch, keyed by the item itself.
+Verdicts = dict[Item, Verdict]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decoded:
+    """A batch after decoding: verdicts reached without the database, and the rest."""
+
+    decided: list[tuple[Item, Verdict]]
+    pending: list[Item]  # each with an envelope, its key's first copy in the batch
+
+
+def decode_batch(deliveries: Sequence[Delivery], spec: HandlerSpec, max_body_bytes: int) -> Decoded:
+    """Decode every delivery; bad input and in-batch repeats are decided now.
 
     The same key twice in one batch: the first claims it, a later copy is a
     duplicate (same fingerprint) or a reuse (another one).
     """
-    items: list[Item] = []
-    first: dict[DedupeKey, Item] = {}
+    decided: list[tuple[Item, Verdict]] = []
+    pending: list[Item] = []
+    first: dict[DedupeKey, Envelope] = {}
     for delivery in deliveries:
         envelope = decode(
             delivery,
@@ -47,15 +57,14 @@ def decode_batch(
             fingerprinter=spec.fingerprint,
         )
         if isinstance(envelope, BadInput):
-            items.append(Item(delivery=delivery, envelope=None, verdict=dead(str(envelope))))
+            decided.append((Item(delivery=delivery, envelope=None), dead(str(envelope))))
             continue
         item = Item(delivery=delivery, envelope=envelope)
         earlier = first.get(envelope.key)
         if earlier is None:
-            first[envelope.key] = item
+            first[envelope.key] = envelope
+            pending.append(item)
         else:
-            assert earlier.envelope is not None
-            same = earlier.envelope.fingerprint == envelope.fingerprint
-            item.verdict = DUPLICATE if same else REUSED
-        items.append(item)
-    return items
+            same = earlier.fingerprint == envelope.fingerprint
+            decided.append((item, DUPLICATE if same else REUSED))
+    return Decoded(decided=decided, pending=pending)

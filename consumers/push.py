@@ -26,16 +26,17 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import asyncpg
 import structlog
 
 from consumers.dispatch import Dispatcher
 from consumers.faults import CrashPoint, Faults
-from consumers.items import Delivery, Item, decode_batch
+from consumers.items import Delivery, Item, Verdicts, decode_batch
 from consumers.metrics import ConsumerMetrics
 from consumers.push_job import InvalidPushJob, PushJob, parse_push_job
-from consumers.rerun import rerun_after_disconnect, rollback_quietly
+from consumers.rerun import DatabaseUnavailable, rerun_after_disconnect, rollback_quietly
 from consumers.settings import WorkerSettings
 from consumers.spec import DeadToken, HandlerSpec
 from consumers.verdict import DUPLICATE, EFFECT, REUSED, dead, describe, retry
@@ -66,6 +67,8 @@ from providers import (
 
 log = structlog.get_logger(__name__)
 
+T = TypeVar("T")
+
 RECORD_WINDOW_SECONDS = 0.05  # how long answers gather before a recording transaction
 
 
@@ -79,6 +82,14 @@ class _Send:
     result: SendResult | None = None
     retry_after: float | None = None
     dead_token: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Claimed:
+    """Step 1's outcome: the sends to make now, and the jobs decided without one."""
+
+    sends: list[_Send]
+    verdicts: Verdicts
 
 
 def dedupe_key_text(key: DedupeKey) -> str:
@@ -119,46 +130,49 @@ class PushRunner:
         self.metrics = metrics
 
     async def run(self, deliveries: Sequence[Delivery]) -> None:
-        items = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
-        jobs: dict[int, PushJob] = {}
-        for item in items:
-            if item.verdict is None:
-                assert item.envelope is not None
-                try:
-                    jobs[id(item)] = parse_push_job(item.envelope.body)
-                except InvalidPushJob as exc:
-                    item.verdict = dead("invalid_push_job", error=str(exc))
-        pending = [i for i in items if i.verdict is None]
-        sends = await self._rerun(lambda: self._claim(pending, jobs), pending) or []
-        if sends:
-            unrecorded = await self._send_and_record(sends)
-            self._judge(sends)
+        decoded = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
+        decided = list(decoded.decided)
+        jobs: dict[Item, PushJob] = {}
+        for item in decoded.pending:
+            assert item.envelope is not None
+            try:
+                jobs[item] = parse_push_job(item.envelope.body)
+            except InvalidPushJob as exc:
+                decided.append((item, dead("invalid_push_job", error=str(exc))))
+        try:
+            claimed = await self._rerun(partial(self._claim, jobs), size=len(jobs))
+        except DatabaseUnavailable as lost:
+            claimed = _Claimed(sends=[], verdicts=dict.fromkeys(jobs, lost.verdict))
+        verdicts = claimed.verdicts
+        if claimed.sends:
+            unrecorded = await self._send_and_record(claimed.sends)
+            verdicts = self._judge(claimed.sends, verdicts)
             for send in unrecorded:
                 # Its answer is not recorded: the row stays `sending` under our
                 # lease. Come back once that expired; the policy then decides.
-                send.item.verdict = retry("ledger_unavailable", delay=self.push.lease_seconds + 1)
-        for item in pending:
-            if item.verdict is None:  # claimed before, every target already answered
-                item.verdict = DUPLICATE
+                verdicts[send.item] = retry("ledger_unavailable", delay=self.push.lease_seconds + 1)
+        for item in jobs:
+            if item not in verdicts:  # claimed before, every target already answered
+                decided.append((item, DUPLICATE))
         self.faults.reached(CrashPoint.AFTER_COMMIT)
-        await self.dispatcher.settle(self.spec, items)
+        await self.dispatcher.settle(self.spec, [*decided, *verdicts.items()])
 
-    async def _rerun(
-        self, step: Callable[[], Awaitable[list[_Send]]], items: list[Item]
-    ) -> list[_Send] | None:
+    async def _rerun(self, step: Callable[[], Awaitable[T]], *, size: int) -> T:
         return await rerun_after_disconnect(
             step,
-            items,
             consumer=self.spec.queue,
             event="push_step_rerun",
+            size=size,
             stalled=self.metrics.database_stalled,
         )
 
-    async def _claim(self, items: list[Item], jobs: dict[int, PushJob]) -> list[_Send]:
+    async def _claim(self, jobs: dict[Item, PushJob]) -> _Claimed:
         """Step 1: claim jobs, write or lease their targets; commit before any send."""
-        if not items:
-            return []
+        if not jobs:
+            return _Claimed(sends=[], verdicts={})
+        items = list(jobs)
         sends: list[_Send] = []
+        verdicts: Verdicts = {}
         async with self.pool.acquire() as conn, conn.transaction():
             claims = [
                 Claim(key=i.envelope.key, fingerprint=i.envelope.fingerprint)
@@ -170,9 +184,9 @@ class PushRunner:
             seen_before: dict[DedupeKey, Item] = {}
             for item, outcome in zip(items, outcomes, strict=True):
                 assert item.envelope is not None
-                job = jobs[id(item)]
+                job = jobs[item]
                 if outcome is ClaimOutcome.REUSED:
-                    item.verdict = REUSED
+                    verdicts[item] = REUSED
                 elif outcome is ClaimOutcome.DUPLICATE:
                     seen_before[item.envelope.key] = item
                 else:
@@ -201,14 +215,16 @@ class PushRunner:
         for row in rows:
             item = seen_before[row.target.key]
             if row.mine:
-                device = jobs[id(item)].targets[row.target.target_index]
-                sends.append(self._new_send(item, jobs[id(item)], row.target.target_index, device))
+                device = jobs[item].targets[row.target.target_index]
+                sends.append(self._new_send(item, jobs[item], row.target.target_index, device))
             elif row.status is SendStatus.SENDING:
                 busy[row.target.key] = max(busy.get(row.target.key, 0.0), row.lease_seconds_left)
         for key, item in seen_before.items():
             if key in busy:  # another worker is sending right now: the queue's 409
-                item.verdict = retry("send_in_progress", delay=busy[key] + 0.5, spend_attempt=False)
-        return sends
+                verdicts[item] = retry(
+                    "send_in_progress", delay=busy[key] + 0.5, spend_attempt=False
+                )
+        return _Claimed(sends=sends, verdicts=verdicts)
 
     def _new_send(self, item: Item, job: PushJob, index: int, device: Target) -> _Send:
         assert item.envelope is not None
@@ -266,8 +282,11 @@ class PushRunner:
                 group = answered[:]
                 answered.clear()
                 recorded += len(group)
-                if group and not await self._rerun(partial(self._record, group), []):
-                    unrecorded += group
+                if group:
+                    try:
+                        await self._rerun(partial(self._record, group), size=len(group))
+                    except DatabaseUnavailable:
+                        unrecorded += group
         finally:
             # Never cancel a send on the wire; an error above waits for them.
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -305,7 +324,7 @@ class PushRunner:
             target=target, status=SendStatus.CLAIMED, failure_reason=f"unknown_outcome: {reason}"
         )
 
-    async def _record(self, sends: list[_Send]) -> list[_Send]:
+    async def _record(self, sends: list[_Send]) -> None:
         """Step 3: record these answers and prune dead tokens, in one transaction."""
         results = [s.result for s in sends if s.result is not None]
         async with self.pool.acquire() as conn:
@@ -329,7 +348,6 @@ class PushRunner:
                 outcome = _push_outcome(send)
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1
         self.metrics.pushes(self.provider.name, outcomes)
-        return sends
 
     def _dead_token(self, send: _Send) -> DeadToken:
         assert send.result is not None
@@ -341,25 +359,27 @@ class PushRunner:
             reason=send.result.failure_reason or "",
         )
 
-    def _judge(self, sends: list[_Send]) -> None:
-        """Each job's verdict from its targets' answers."""
-        later: dict[int, tuple[Item, float | None, str]] = {}
+    def _judge(self, sends: list[_Send], claimed: Verdicts) -> Verdicts:
+        """Each job's verdict from its targets' answers (`claimed` already decided)."""
+        later: dict[Item, tuple[float | None, str]] = {}
         for send in sends:
             result = send.result
             assert result is not None
             if result.status is SendStatus.CLAIMED:
-                item, after, _ = later.get(id(send.item), (send.item, None, ""))
+                after, _ = later.get(send.item, (None, ""))
                 wanted = max(filter(None, (after, send.retry_after)), default=None)
-                later[id(send.item)] = (item, wanted, result.failure_reason or "")
+                later[send.item] = (wanted, result.failure_reason or "")
+        verdicts = dict(claimed)
         for send in sends:
-            if send.item.verdict is not None:
-                continue  # already waiting on another worker's lease
-            if id(send.item) in later:
-                _, wanted, why = later[id(send.item)]
+            if send.item in verdicts:
+                continue  # judged, or waiting on another worker's lease
+            if send.item in later:
+                wanted, why = later[send.item]
                 reason = "unknown_outcome" if why.startswith("unknown") else "provider_unavailable"
-                send.item.verdict = retry(reason, delay=wanted, error=why)
+                verdicts[send.item] = retry(reason, delay=wanted, error=why)
             else:
-                send.item.verdict = EFFECT
+                verdicts[send.item] = EFFECT
+        return verdicts
 
     def _log_send(self, send: _Send, *, recorded: bool) -> None:
         result = send.result

@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import structlog
 
-from consumers.items import Item
-from consumers.verdict import CONNECTION_ERRORS, describe, retry
+from consumers.verdict import CONNECTION_ERRORS, Verdict, describe, retry
 
 log = structlog.get_logger(__name__)
 
@@ -23,42 +22,47 @@ T = TypeVar("T")
 MAX_RERUNS = 10
 
 
+class DatabaseUnavailable(Exception):
+    """The database stayed unreachable through every re-run of a step.
+
+    Not the messages' fault: each of them gets `verdict`, a retry through the
+    delay tiers with reason `database_unavailable`.
+    """
+
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.verdict: Verdict = retry("database_unavailable", error=error)
+
+
 async def rerun_after_disconnect(
     step: Callable[[], Awaitable[T]],
-    items: Sequence[Item],
     *,
     consumer: str,
     event: str,
+    size: int,
     stalled: Callable[[], None],
-) -> T | None:
+) -> T:
     """`step()`, run again with backoff while the database connection is lost.
 
     The step rolled back, or its commit's outcome is unknown: either way
     nothing was acked, and a re-run's claims tell what committed. After the
-    last re-run the items get a `database_unavailable` retry and this returns None.
-    `stalled()` is called once per hold (the database-stall counter).
+    last re-run this raises DatabaseUnavailable. `stalled()` is called once
+    per hold (the database-stall counter).
     """
-    for rerun in range(1, MAX_RERUNS + 1):
+    rerun = 1
+    while True:
         try:
             return await step()
         except CONNECTION_ERRORS as exc:
-            for item in items:
-                item.verdict = None
             if rerun == MAX_RERUNS:
-                for item in items:
-                    item.verdict = retry("database_unavailable", error=describe(exc))
-                return None
+                raise DatabaseUnavailable(describe(exc)) from exc
             stalled()
             delay = random.uniform(0, min(5.0, 0.1 * 2**rerun))
             log.warning(
-                event,
-                consumer=consumer,
-                size=len(items),
-                error=describe(exc),
-                delay=round(delay, 3),
+                event, consumer=consumer, size=size, error=describe(exc), delay=round(delay, 3)
             )
             await asyncio.sleep(delay)
-    return None
+            rerun += 1
 
 
 async def rollback_quietly(tx: Any) -> None:

@@ -36,6 +36,7 @@ from consumers.isolation import run_isolating
 from consumers.items import Delivery
 from consumers.metrics import ConsumerMetrics, Metrics
 from consumers.push import PushRunner
+from consumers.runner import Runner
 from consumers.settings import Settings
 from consumers.spec import HandlerSpec
 from consumers.topology import declare
@@ -43,8 +44,6 @@ from consumers.verdict import describe
 from consumers.wire import read_leniently
 from dedupe import Inbox, SendLedger, TableStats, check_schema, quote_ident, table_stats
 from providers import Provider
-
-Runner = BatchRunner | PushRunner
 
 log = structlog.get_logger(__name__)
 

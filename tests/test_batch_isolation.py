@@ -15,9 +15,9 @@ import aio_pika
 
 from consumers import Settings, Worker
 from consumers.envelope import REASON_HEADER
-from consumers.isolation import Runner
 from consumers.items import Delivery
 from consumers.retry import RetryPolicy
+from consumers.runner import Runner
 from consumers.settings import QueueType
 from dedupe import DbConnection
 from proving.rawamqp import RawProperties
@@ -55,7 +55,7 @@ async def test_undecidable_message_is_isolated_and_dead_lettered_and_its_batchma
     app = counting_app(queue_name, retry_policy, calls)
     async with Worker(app, classic) as worker:
         for loop in worker._loops:
-            loop.runner = FailsOn(loop.runner, UNDECIDABLE)  # type: ignore[assignment]
+            loop.runner = FailsOn(loop.runner, UNDECIDABLE)
         poison = RawProperties(message_id=UNDECIDABLE)
         await publish_between_good(queue_name, [(poison, b'{"n": -1}')])
         await wait_for(lambda: _effects(db, len(GOOD)), timeout=30)

@@ -1,0 +1,27 @@
+"""The seam between a batch loop and what runs its batches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from consumers.dispatch import Dispatcher
+from consumers.items import Delivery
+from consumers.spec import HandlerSpec
+
+
+class Runner(Protocol):
+    """Decides, commits and acknowledges every delivery of a batch.
+
+    `BatchRunner` (local effects) and `PushRunner` (the send ledger) meet it.
+    `run` settles every delivery it is given through `dispatcher`, or raises:
+    then `consumers.isolation` finds the message the framework cannot decide.
+    """
+
+    @property
+    def spec(self) -> HandlerSpec: ...
+
+    @property
+    def dispatcher(self) -> Dispatcher: ...
+
+    async def run(self, deliveries: Sequence[Delivery]) -> None: ...
