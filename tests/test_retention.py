@@ -155,3 +155,38 @@ async def test_run_cleans_up_periodically_when_asked(db: DbConnection, spawn: Sp
     worker.terminate()
     await worker.expect_exit(0)
     assert '"event":"cleanup_done"' in worker.log_text()
+
+
+async def test_a_cleaner_told_to_wait_runs_once_the_other_is_done(
+    db: DbConnection, schema: str
+) -> None:
+    await _seed(db)
+    lock = "hashtext('idempotent-workers.cleanup'), hashtext($1)"
+    await db.execute(f"SELECT pg_advisory_lock({lock})", schema)
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "consumers", "cleanup", "--wait"],
+        env={"DATABASE_URL": DATABASE_URL, "DATABASE_SCHEMA": schema, "PATH": "/usr/bin"},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        async def queued_behind_us() -> bool:
+            return bool(
+                await db.fetchval(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                    " AND objid::int8 = hashtext($1)::int8 & 4294967295 AND classid::int8"
+                    " = hashtext('idempotent-workers.cleanup')::int8 & 4294967295",
+                    schema,
+                )
+            )
+
+        await wait_for(queued_behind_us, timeout=60)
+        assert waiting.poll() is None
+        assert await db.fetchval("SELECT count(*) FROM processed_messages") == 31
+    finally:
+        await db.execute(f"SELECT pg_advisory_unlock({lock})", schema)
+    out, _ = waiting.communicate(timeout=60)
+    assert waiting.returncode == 0
+    assert "processed_messages=25" in out
