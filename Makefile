@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Every package the linters read (add a new top-level package here).
 SOURCES := consumers dedupe providers proving tests
 
-.PHONY: install demo test check ci lint typecheck imports bench chaos clean services wheel
+.PHONY: install demo test check ci lint typecheck imports bench chaos chaos-cluster clean services wheel
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -45,6 +45,11 @@ bench: install services
 
 chaos: install services
 	$(PY) -m consumers chaos
+
+# A 3-node RabbitMQ cluster of its own, its queue leader killed under load:
+# needs neither shared service.
+chaos-cluster: install
+	$(PY) -m consumers chaos --profile cluster
 
 check: lint typecheck imports test
 
