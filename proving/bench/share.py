@@ -31,11 +31,14 @@ from pathlib import Path
 
 import asyncpg
 
+from dedupe import quote_ident
 from proving.chaos.run import free_port
 from proving.chaos.services import PrivatePostgres, PrivateRabbit, remove_tree
 
 TICK = os.sysconf("SC_CLK_TCK")
-CLAIMS = "SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables WHERE relname = $1"
+TABLES = (
+    "SELECT table_schema FROM information_schema.tables WHERE table_name = 'processed_messages'"
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,17 +59,21 @@ def cpu_seconds(pid: int) -> float:
 
 
 def tree(root: int) -> list[int]:
-    """`root` and its children (PostgreSQL's backends are the postmaster's children)."""
-    pids = [root]
+    """`root` and all its descendants (backends; a supervisor's worker processes)."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-            if ppid == root:
-                pids.append(int(entry.name))
-    return pids
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
 
 
 class Meter:
@@ -81,38 +88,79 @@ class Meter:
         return sum(self.last.values())
 
 
+async def claims_now(db: asyncpg.Connection) -> int:
+    """Committed rows in every schema's processed_messages (a count, not lagging statistics)."""
+    schemas = [r["table_schema"] for r in await db.fetch(TABLES)]
+    if not schemas:
+        return 0
+    counts = " + ".join(
+        f"(SELECT count(*) FROM {quote_ident(s)}.processed_messages)" for s in schemas
+    )
+    try:
+        return int(await db.fetchval(f"SELECT {counts}"))
+    except asyncpg.UndefinedTableError:  # a schema dropped between the two statements
+        return 0
+
+
 async def sample(
-    db: asyncpg.Connection, postmaster: int, broker: int, bench: int, meter: Meter
+    db: asyncpg.Connection, postmaster: int, broker: int, bench: int, meters: tuple[Meter, Meter]
 ) -> Sample:
-    claims = await db.fetchval(CLAIMS, "processed_messages")
     return Sample(
         at=time.monotonic(),
-        claims=int(claims),
-        postgres_s=meter.total(tree(postmaster)),
+        claims=await claims_now(db),
+        postgres_s=meters[0].total(tree(postmaster)),
         rabbitmq_s=cpu_seconds(broker),
-        worker_s=cpu_seconds(bench),
+        worker_s=meters[1].total(tree(bench)),
     )
 
 
-def summary(samples: Sequence[Sample]) -> str:
-    seconds = claims = postgres = rabbitmq = worker = 0.0
+@dataclass(slots=True)
+class Totals:
+    seconds: float = 0.0
+    claims: float = 0.0
+    postgres: float = 0.0
+    rabbitmq: float = 0.0
+    worker: float = 0.0
+
+    def add(self, before: Sample, after: Sample) -> None:
+        self.seconds += after.at - before.at
+        self.claims += after.claims - before.claims
+        self.postgres += after.postgres_s - before.postgres_s
+        self.rabbitmq += max(0.0, after.rabbitmq_s - before.rabbitmq_s)
+        self.worker += max(0.0, after.worker_s - before.worker_s)
+
+    def line(self, label: str) -> str:
+        s = self.seconds
+        return (
+            f"share: {label} claims={self.claims:.0f} seconds={s:.0f}"
+            f" claims_per_s={self.claims / s:.0f} postgres_cores={self.postgres / s:.2f}"
+            f" rabbitmq_cores={self.rabbitmq / s:.2f} worker_cores={self.worker / s:.2f}"
+            f" postgres_cpu_us_per_claim={1e6 * self.postgres / self.claims:.0f}"
+        )
+
+
+def summary(samples: Sequence[Sample]) -> list[str]:
+    """One line per burst of claims (a bench run's consuming phase), then all of them."""
+    bursts: list[Totals] = []
+    open_burst: Totals | None = None
     for before, after in itertools.pairwise(samples):
-        made = after.claims - before.claims
-        if made <= 0:  # idle, publishing, or a dropped schema's counters
+        if after.claims - before.claims <= 0:  # idle, publishing, or a dropped schema
+            open_burst = None
             continue
-        seconds += after.at - before.at
-        claims += made
-        postgres += after.postgres_s - before.postgres_s
-        rabbitmq += max(0.0, after.rabbitmq_s - before.rabbitmq_s)
-        worker += max(0.0, after.worker_s - before.worker_s)
-    if not seconds:
-        return "share: no claims seen"
-    return (
-        f"share: claims={claims:.0f} over {seconds:.0f} s claims_per_s={claims / seconds:.0f}"
-        f" postgres_cores={postgres / seconds:.2f} rabbitmq_cores={rabbitmq / seconds:.2f}"
-        f" worker_cores={worker / seconds:.2f}"
-        f" postgres_ms_per_1000_claims={1000 * postgres / claims * 1000:.0f}"
+        if open_burst is None:
+            open_burst = Totals()
+            bursts.append(open_burst)
+        open_burst.add(before, after)
+    if not bursts:
+        return ["share: no claims seen"]
+    every = Totals(
+        seconds=sum(b.seconds for b in bursts),
+        claims=sum(b.claims for b in bursts),
+        postgres=sum(b.postgres for b in bursts),
+        rabbitmq=sum(b.rabbitmq for b in bursts),
+        worker=sum(b.worker for b in bursts),
     )
+    return [b.line(f"burst={n + 1}") for n, b in enumerate(bursts)] + [every.line("all")]
 
 
 async def measure(bench_args: Sequence[str]) -> int:
@@ -130,11 +178,11 @@ async def measure(bench_args: Sequence[str]) -> int:
         )
         db = await asyncpg.connect(postgres.url)
         samples: list[Sample] = []
-        meter = Meter()
+        meters = (Meter(), Meter())
         try:
             while bench.returncode is None:
                 samples.append(
-                    await sample(db, postgres.proc.pid, rabbit.proc.pid, bench.pid, meter)
+                    await sample(db, postgres.proc.pid, rabbit.proc.pid, bench.pid, meters)
                 )
                 await asyncio.sleep(1.0)
         finally:
@@ -142,7 +190,8 @@ async def measure(bench_args: Sequence[str]) -> int:
             if bench.returncode is None:
                 bench.kill()
             await bench.wait()
-        print(summary(samples), flush=True)
+        for line in summary(samples):
+            print(line, flush=True)
         return bench.returncode or 0
     finally:
         await asyncio.gather(postgres.stop(), rabbit.stop())
