@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import os
 import socket
+import uuid
+from pathlib import Path
 
 import pytest
 import structlog
 from yarl import URL
 
 from consumers import App, Context, Publisher, Settings, Worker
-from consumers.connection import ClusterConnection, connect, redacted
+from consumers.connection import (
+    BACKOFF_BASE_S,
+    BACKOFF_CAP_S,
+    ClusterConnection,
+    connect,
+    redacted,
+)
 from consumers.retry import RetryPolicy
 from dedupe import DbConnection
 from proving.chaos.proxy import FaultProxy
+from proving.chaos.services import PrivateRabbit
 from tests.conftest import AMQP_URL
 from tests.support import wait_for
 
@@ -100,3 +111,58 @@ async def test_worker_moves_to_the_next_address_when_its_node_goes_away(
     rows = await db.fetch("SELECT message_id, count(*) AS n FROM effects GROUP BY message_id")
     assert len(rows) == 100
     assert all(row["n"] == 1 for row in rows)
+
+
+@pytest.mark.timeout(180)
+async def test_refused_addresses_are_tried_round_the_list_with_jittered_growing_delays(
+    tmp_path: Path,
+) -> None:
+    """Both addresses gone: the next one each time, waits within the backoff bound, then back."""
+    rabbit = PrivateRabbit(
+        tmp_path / "rabbit",
+        _free_port(),
+        _free_port(),
+        node=f"iwconn-{os.getpid()}-{uuid.uuid4().hex[:6]}@localhost",
+    )
+    await rabbit.start()
+    first = FaultProxy("first", _free_port(), rabbit.port)
+    second = FaultProxy("second", _free_port(), rabbit.port)
+    await first.start()
+    await second.start()
+    urls = [f"amqp://guest:guest@127.0.0.1:{p}/" for p in (first.port, second.port)]
+    connection = await connect(urls, name="test: refused round the list")
+    assert isinstance(connection, ClusterConnection)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            await first.close()  # both addresses refuse from now on
+            await second.close()
+
+            async def failed(n: int) -> bool:
+                return connection.failures >= n
+
+            await wait_for(lambda: failed(4), timeout=90)
+            back = FaultProxy("first again", first.port, rabbit.port)
+            await back.start()
+            await wait_for(lambda: _connected(connection), timeout=90)
+            await back.close()
+        moved = [e for e in logs if e["event"] == "amqp_address_moved"]
+        assert moved[0]["was_open"] is True and moved[0]["retry_in_s"] == 0.0
+        refused = [e for e in moved if not e["was_open"]]
+        assert len(refused) >= 4
+        for entry in refused:  # full jitter under a doubling cap
+            assert (
+                0.0
+                <= entry["retry_in_s"]
+                <= min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** entry["failures"])
+            )
+        nexts = [e["next"] for e in moved]
+        assert all(a != b for a, b in itertools.pairwise(nexts))  # round the list
+        assert connection.failures == 0  # reset once connected
+    finally:
+        await connection.close()
+        await rabbit.stop()
+        rabbit.kill_now()
+
+
+async def _connected(connection: ClusterConnection) -> bool:
+    return connection.connected.is_set()

@@ -20,8 +20,10 @@ their CPU is the bench's alone; the machine's other load is not.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import itertools
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -48,6 +50,10 @@ class Sample:
     postgres_s: float
     rabbitmq_s: float
     worker_s: float
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
 def cpu_seconds(pid: int) -> float:
@@ -174,7 +180,13 @@ async def measure(bench_args: Sequence[str]) -> int:
         assert postgres.proc is not None and rabbit.proc is not None
         env = {**os.environ, "DATABASE_URL": postgres.url, "AMQP_URL": rabbit.url}
         bench = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "consumers", "bench", *bench_args, env=env
+            sys.executable,
+            "-m",
+            "consumers",
+            "bench",
+            *bench_args,
+            env=env,
+            preexec_fn=_die_with_parent,  # a killed measurement leaves no bench behind
         )
         db = await asyncpg.connect(postgres.url)
         samples: list[Sample] = []
