@@ -12,18 +12,18 @@ this module only deletes what is older than it is told, like this:
 2. The cutoff (`now() - keep`) is fixed once, so a long run deletes no row
    that became old while it ran.
 3. Each table is swept in bounded batches, one short transaction each
-   (locks are held for one batch only), oldest first by a time cursor: a
-   batch deletes up to `batch_size` expired rows at or after the oldest
-   time the previous batch deleted, found through the BRIN index on the
-   time column. So a batch reads the block ranges around the cursor, never
-   the ones already emptied before it nor the young rows past the cutoff,
-   and its cost per deleted row does not grow with the table
+   (locks are held for one batch only), with a time cursor: a batch deletes
+   up to `batch_size` expired rows at or after the oldest time the previous
+   batch deleted, read through the BRIN index on the time column in the
+   heap's order. So a batch reads the block ranges around the cursor, not
+   all those earlier batches emptied nor the young rows past the cutoff, and
+   its cost per deleted row does not grow with the table
    (`python -m proving.bench.cleanup` measures it).
-4. A push job whose sends are not all `sent` or `failed` keeps its claim and
+4. A run ends with a batch that has no lower time bound and comes back
+   short: rows the cursor stepped past (out of time order on disk) are
+   deleted then, and no expired row is left behind.
+5. A push job whose sends are not all `sent` or `failed` keeps its claim and
    those ledger rows until they are.
-
-Rows far out of time order with their neighbours on disk (more than a
-batch's time span) can be left to the next run: later, never sooner.
 """
 
 from __future__ import annotations
@@ -37,6 +37,16 @@ from dedupe.connection import DbConnection
 from dedupe.errors import DedupeError
 from dedupe.migrate import quote_ident
 
+# A batch's rows must come from the BRIN index on the time column, in the
+# heap's order: a sequential scan (the planner's pick for a LIMIT over a range
+# it thinks is most of the table) reads every page earlier batches emptied
+# again, and a full scan of the primary key index visits rows in key order,
+# past which the time cursor would step. The anti-join's lookups into the
+# ledger stay on its primary key, as bitmap scans.
+_BRIN_ONLY = (
+    "SET LOCAL enable_seqscan = off; SET LOCAL enable_indexscan = off;"
+    " SET LOCAL enable_indexonlyscan = off"
+)
 # The advisory lock's first key names the purpose; the second is the schema's hash.
 _LOCK_SQL = "hashtext('idempotent-workers.cleanup'), hashtext($1)"
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -123,19 +133,23 @@ async def _sweep(
         cursor = _EPOCH
         while True:
             async with conn.transaction():
-                # The planner would pick a sequential scan for a LIMIT over a
-                # range it thinks is most of the table, reading the rows the
-                # earlier batches emptied again: keep it on the BRIN index.
-                await conn.execute("SET LOCAL enable_seqscan = off")
+                await conn.execute(_BRIN_ONLY)
                 row = await conn.fetchrow(sql, cursor, cutoff, retention.batch_size)
             assert row is not None
             counts[name] += row["deleted"]
             counts["batches"] += 1
             if progress is not None:
                 progress(_result(counts))
-            if row["deleted"] < retention.batch_size:
+            if row["deleted"] == retention.batch_size:
+                cursor = row["oldest"]
+            elif cursor != _EPOCH:
+                # A last batch with no lower bound: what the cursor stepped
+                # past (rows out of time order on disk) is found here, and the
+                # table holds no expired row only once such a batch comes
+                # back short.
+                cursor = _EPOCH
+            else:
                 break
-            cursor = row["oldest"]
     return _result(counts)
 
 

@@ -190,3 +190,23 @@ async def test_a_cleaner_told_to_wait_runs_once_the_other_is_done(
     out, _ = waiting.communicate(timeout=60)
     assert waiting.returncode == 0
     assert "processed_messages=25" in out
+
+
+async def test_cleanup_deletes_rows_stored_out_of_time_order(db: DbConnection, schema: str) -> None:
+    """Newer rows first on disk: the time cursor steps past the older ones, the last pass not."""
+    for age_days, count in ((9, 30), (20, 30), (1, 10)):
+        await db.execute(
+            "INSERT INTO processed_messages"
+            " (consumer, tenant, message_id, fingerprint, processed_at)"
+            " SELECT 'q', '', $1 || '-' || n, '\\x00', now() - $2 * interval '1 day'"
+            "  + n * interval '1 second' FROM generate_series(1, $3) n",
+            f"age{age_days}",
+            age_days,
+            count,
+        )
+    result = await cleanup(db, schema, Retention(batch_size=10))
+    assert result.processed_messages == 60
+    left = await db.fetchval(
+        "SELECT count(*) FROM processed_messages WHERE message_id LIKE 'age1-%'"
+    )
+    assert left == await db.fetchval("SELECT count(*) FROM processed_messages") == 10
