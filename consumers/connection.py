@@ -122,3 +122,18 @@ async def connect(
         return connection
     assert error is not None
     raise error
+
+
+async def connect_once(
+    urls: Sequence[str], *, attempt_s: float = 10.0
+) -> aio_pika.abc.AbstractConnection:
+    """A plain connection to the first of `urls` that answers, for one-shot tools (dlq, inspect)."""
+    error: BaseException | None = None
+    for url in urls:
+        try:
+            return await aio_pika.connect(url, timeout=attempt_s)
+        except (*CONNECTION_EXCEPTIONS, TimeoutError) as exc:
+            error = exc
+            log.warning("amqp_address_refused", address=redacted(url), error=repr(exc))
+    assert error is not None
+    raise error

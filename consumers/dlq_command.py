@@ -16,6 +16,7 @@ from typing import Any
 
 import aio_pika
 
+from consumers.connection import connect_once
 from consumers.deadletters import DeadLetter, NoSuchQueue, read_dead_letters, work_queue_of
 from consumers.replay import Outcome, Replayed, Selection, replay
 from consumers.retry import dead_letter_queue
@@ -67,7 +68,7 @@ def register(sub: Any) -> None:
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:
     queue = work_queue_of(args.queue)
-    connection = await aio_pika.connect(settings.amqp.url)
+    connection = await connect_once(settings.amqp.urls)
     try:
         if args.action == "replay":
             return await _replay(connection, queue, args, settings)

@@ -20,9 +20,9 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-import aio_pika
 import asyncpg
 
+from consumers.connection import connect_once
 from consumers.deadletters import DeadLetter, NoSuchQueue, read_dead_letters
 from consumers.envelope import TENANT_HEADER
 from consumers.push import redact
@@ -96,7 +96,7 @@ def _fields(row: Mapping[str, object], *, token: bool) -> str:
 async def _print_dead_letters(settings: Settings, key: DedupeKey, scan: int) -> int:
     dlq = dead_letter_queue(key.consumer)
     try:
-        connection = await aio_pika.connect(settings.amqp.url)
+        connection = await connect_once(settings.amqp.urls)
     except Exception as exc:  # the database part is printed already: say why this is missing
         print(f"dlq: not read: {printable(repr(exc))}")
         return 0

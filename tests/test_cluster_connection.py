@@ -19,6 +19,7 @@ from consumers.connection import (
     BACKOFF_CAP_S,
     ClusterConnection,
     connect,
+    connect_once,
     redacted,
 )
 from consumers.retry import RetryPolicy
@@ -144,6 +145,9 @@ async def test_refused_addresses_are_tried_round_the_list_with_jittered_growing_
             back = FaultProxy("first again", first.port, rabbit.port)
             await back.start()
             await wait_for(lambda: _connected(connection), timeout=90)
+            # The one-shot tools' connection (dlq, inspect) skips the dead address too.
+            plain = await connect_once([urls[1], urls[0]])
+            await plain.close()
             await back.close()
         moved = [e for e in logs if e["event"] == "amqp_address_moved"]
         assert moved[0]["was_open"] is True and moved[0]["retry_in_s"] == 0.0
