@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
+from urllib.parse import unquote, urlsplit
 
 from pamqp import commands, frame
 from pamqp import heartbeat as _heartbeat  # noqa: F401 - registers the frame type
@@ -164,6 +165,18 @@ class RawPublisher:
             raise
         return publisher
 
+    @classmethod
+    async def connect_url(cls, url: str) -> RawPublisher:
+        """`connect` to an `amqp://user:password@host:port/vhost` URL."""
+        parts = urlsplit(url)
+        return await cls.connect(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 5672,
+            user=unquote(parts.username or "guest"),
+            password=unquote(parts.password or "guest"),
+            vhost=unquote(parts.path[1:]) if len(parts.path) > 1 else "/",
+        )
+
     async def _read(self) -> object:
         head = await self._reader.readexactly(7)
         size = int.from_bytes(head[3:7], "big")
@@ -249,12 +262,11 @@ async def publish_raw(
     queue: str,
     body: bytes,
     *,
-    host: str = "127.0.0.1",
-    port: int = 5672,
+    url: str = "amqp://guest:guest@127.0.0.1:5672/",
     headers: RawTable | None = None,
     properties: RawProperties | None = None,
 ) -> None:
     """Publish one message to `queue` on a connection of its own (no message_id unless given)."""
     props = properties if properties is not None else RawProperties(headers=headers)
-    async with await RawPublisher.connect(host=host, port=port) as raw:
+    async with await RawPublisher.connect_url(url) as raw:
         await raw.publish(queue, body, props)

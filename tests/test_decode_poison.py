@@ -20,6 +20,7 @@ from consumers.retry import RetryPolicy
 from consumers.wire import DROPPED_HEADERS
 from dedupe import DbConnection
 from proving.rawamqp import RawProperties, RawPublisher
+from tests.conftest import AMQP_URL
 from tests.support import drain_dead_letters, wait_for
 
 GOOD_BEFORE = 5
@@ -106,7 +107,7 @@ def counting_app(queue: str, retry: RetryPolicy, calls: dict[str, int]) -> App:
 
 
 async def publish_between_good(queue: str, poison: Sequence[tuple[RawProperties, bytes]]) -> None:
-    async with await RawPublisher.connect() as raw:
+    async with await RawPublisher.connect_url(AMQP_URL) as raw:
         for n in range(GOOD_BEFORE):
             raw.send(queue, b'{"n": %d}' % n, RawProperties(message_id=f"good-{n}"))
         for properties, body in poison:

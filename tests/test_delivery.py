@@ -12,6 +12,7 @@ import pytest
 from consumers import App, Batch, Context, Reject, Retry
 from consumers.envelope import ATTEMPT_HEADER, REASON_HEADER
 from consumers.retry import RetryPolicy
+from tests.conftest import AMQP_URL
 from tests.harness import Harness
 from tests.rawamqp import publish_raw
 
@@ -126,7 +127,7 @@ async def test_bad_input_is_dead_lettered_with_reason_and_the_worker_keeps_consu
 
 async def test_message_without_message_id_is_dead_lettered(harness: Harness) -> None:
     async with harness.run(effects_app(harness.queue, harness.retry)):
-        await publish_raw(harness.queue, b'{"n": 1}')
+        await publish_raw(harness.queue, b'{"n": 1}', url=AMQP_URL)
         await harness.publish({"n": 2}, message_id="good-after-bad")
         await harness.wait_dead_letters(1)
         await harness.wait_processed(1)
