@@ -46,6 +46,8 @@ class Findings:
     max_attempts: int
     malformed: int
     malformed_dead_lettered: int
+    decode_poison: int  # planned: fail outside the handler (proving.chaos.poison)
+    decode_poison_dead_lettered: int  # with the reason its kind must get
     reasons: Mapping[str, int]
     lost_sample: Sequence[str]
     doubled_sample: Sequence[str]
@@ -61,7 +63,14 @@ class Findings:
             and self.poison_late == 0
             and self.max_attempts <= POISON_MAX_ATTEMPTS
             and self.malformed_dead_lettered == self.malformed
+            and self.decode_poison_dead_lettered == self.decode_poison
+            and self.local_dead_lettered == 0
         )
+
+    @property
+    def innocent_dead_lettered(self) -> int:
+        """Valid jobs dead-lettered: a batchmate's poison must never take them along."""
+        return self.local_dead_lettered
 
 
 async def count_stuck(channel: aio_pika.abc.AbstractChannel, app: App) -> int:
@@ -94,6 +103,7 @@ def check(
     local_ids = {mid for _, mid in local}
     poison = [j for j in jobs if j.kind is JobKind.POISON]
     malformed = [j for j in jobs if j.kind is JobKind.MALFORMED]
+    decode = [j for j in jobs if j.kind is JobKind.DECODE_POISON]
     lost = sorted(mid for key in local if effects.get(key, 0) == 0 for mid in [key[1]])
     doubled = sorted(mid for key, c in effects.items() if c > 1 for mid in [key[1]])
     reasons: dict[str, int] = {}
@@ -123,7 +133,16 @@ def check(
         max_attempts=max((letter.attempt for letter in poison_letters), default=0),
         malformed=len(malformed),
         malformed_dead_lettered=sum(1 for j in malformed if (j.queue, j.message_id) in dead),
+        decode_poison=len(decode),
+        decode_poison_dead_lettered=sum(
+            1 for j in decode if _reason_of(dead, j.queue, j.message_id) == j.expect
+        ),
         reasons=reasons,
         lost_sample=lost[:10],
         doubled_sample=doubled[:10],
     )
+
+
+def _reason_of(dead: Mapping[tuple[str, str], DeadLetter], queue: str, key: str) -> str | None:
+    found = dead.get((queue, key))
+    return None if found is None else found.reason

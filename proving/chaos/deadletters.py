@@ -20,6 +20,7 @@ import structlog
 
 from consumers.envelope import ATTEMPT_HEADER, REASON_HEADER
 from consumers.retry import dead_letter_queue
+from proving.chaos.poison import MARK_HEADER
 
 log = structlog.get_logger(__name__)
 
@@ -31,6 +32,7 @@ class DeadLetter:
     reason: str
     attempt: int
     seen_at: float  # monotonic, when the watcher first took it
+    mark: str = ""  # x-chaos-mark: a decode poison's name in the run
 
 
 def _reason(message: aio_pika.abc.AbstractIncomingMessage) -> str:
@@ -109,7 +111,10 @@ class DeadLetterWatcher:
         for queue_name in self.queues:
             queue = await channel.get_queue(dead_letter_queue(queue_name), ensure=False)
             while (message := await queue.get(no_ack=False, fail=False, timeout=5)) is not None:
-                key = (queue_name, message.message_id or "")
+                # A decode poison is known by its mark: its message_id may be unusable.
+                mark = (message.headers or {}).get(MARK_HEADER)
+                mark = mark if isinstance(mark, str) else ""
+                key = (queue_name, mark or message.message_id or "")
                 if key in self.seen:
                     self.copies += 1
                 else:
@@ -119,6 +124,7 @@ class DeadLetterWatcher:
                         reason=_reason(message),
                         attempt=_attempt(message),
                         seen_at=time.monotonic(),
+                        mark=mark,
                     )
                 await message.ack()
                 taken += 1

@@ -27,6 +27,7 @@ class Profile:
     max_crash_after: int  # an armed worker crashes after 0..this many batches
     drain_seconds: float = 180.0  # after the load: at most this long to settle
     push_jobs: int = 0  # push publishes on top of `messages` (duplicates included)
+    decode_poison: int = 0  # of `messages`: fail outside the handler (proving.chaos.poison)
 
 
 CI = Profile(
@@ -38,6 +39,7 @@ CI = Profile(
     load_seconds=210.0,  # room for the restarts: each takes 5 to 12 s, and they take turns
     max_crash_after=10,
     push_jobs=600,
+    decode_poison=40,
     faults={
         K.SIGKILL: 12,
         K.CRASH_BEFORE_COMMIT: 12,
@@ -68,6 +70,7 @@ FULL = Profile(
     max_crash_after=60,
     drain_seconds=300.0,
     push_jobs=22_300,  # 20,070 distinct push jobs
+    decode_poison=1_000,
     faults={
         K.SIGKILL: 60,
         K.CRASH_BEFORE_COMMIT: 12,

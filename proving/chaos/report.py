@@ -35,6 +35,8 @@ def summary_line(findings: Findings, faults: FaultLog, push: PushFigures) -> str
         f" doubled={findings.doubled} stuck={findings.stuck} pushes={push.pushes}"
         f" extra_pushes={push.extra_pushes} crashes_in_send={push.crashes_in_send}"
         f" dead_lettered={findings.dead_lettered} max_attempts={findings.max_attempts}"
+        f" decode_poison={findings.decode_poison_dead_lettered}"
+        f" innocent_dead_lettered={findings.innocent_dead_lettered}"
     )
 
 
@@ -65,6 +67,10 @@ def details(findings: Findings, fleet: FleetCounts, published: int, republished:
         ),
         ("poison dead-lettered later than limit", findings.poison_late),
         ("malformed dead-lettered", f"{findings.malformed_dead_lettered}/{findings.malformed}"),
+        (
+            "decode poison dead-lettered (its reason)",
+            f"{findings.decode_poison_dead_lettered}/{findings.decode_poison}",
+        ),
         ("dead-letter copies (seen twice)", findings.dead_letter_copies),
         ("worker starts", fleet.starts),
         ("worker start failures (service down)", fleet.start_failures),

@@ -164,14 +164,18 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
     )
     target = push_app if profile.push_jobs else app
     jobs = plan(
-        messages=profile.messages, poison=profile.poison, malformed=profile.malformed, rng=rng
+        messages=profile.messages,
+        poison=profile.poison,
+        malformed=profile.malformed,
+        rng=rng,
+        decode=profile.decode_poison,
     )
     push_jobs, devices = plan_pushes(profile.push_jobs, rng)
     jobs += push_jobs
     rng.shuffle(jobs)
     fakes = FakeProviders(devices, workdir) if devices else None
     unique_local = sum(1 for j in jobs if j.kind is JobKind.LOCAL)
-    expected_dead = profile.poison + profile.malformed
+    expected_dead = profile.poison + profile.malformed + profile.decode_poison
     watcher = DeadLetterWatcher(rabbit.url, list(target.specs))
     publisher = ResilientPublisher(rabbit.url)
     probe = _Probe(postgres.url)
@@ -206,7 +210,8 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         events = timeline(profile.faults, profile.load_seconds, rng)
         say(
             f"{len(jobs)} publishes ({unique_local} distinct local jobs, {profile.poison} poison,"
-            f" {profile.malformed} malformed, {len(push_jobs)} push jobs to {len(devices)}"
+            f" {profile.malformed} malformed, {profile.decode_poison} decode poison,"
+            f" {len(push_jobs)} push jobs to {len(devices)}"
             f" devices) over {profile.load_seconds:.0f} s;"
             f" {len(events)} scheduled faults, {profile.workers} workers"
         )

@@ -24,6 +24,8 @@ from pamqp.commands import Basic
 
 from consumers.envelope import TENANT_HEADER
 from proving.chaos.app import LOCAL_QUEUE, POISON_QUEUE
+from proving.chaos.poison import decode_poison
+from proving.rawamqp import RawProperties, publish_raw
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +37,7 @@ class JobKind(StrEnum):
     DUPLICATE = "duplicate"  # an exact copy of a local or push job, published again
     POISON = "poison"
     MALFORMED = "malformed"
+    DECODE_POISON = "decode_poison"  # fails outside the handler: proving.chaos.poison
     PUSH = "push"
 
 
@@ -46,6 +49,8 @@ class Job:
     tenant: str
     body: bytes
     content_type: str = "application/json"
+    raw: RawProperties | None = None  # published byte for byte (decode poison)
+    expect: str = ""  # the x-reason its dead letter must carry (decode poison)
 
     def message(self) -> aio_pika.Message:
         return aio_pika.Message(
@@ -85,9 +90,11 @@ _MALFORMED = (
 )
 
 
-def plan(*, messages: int, poison: int, malformed: int, rng: random.Random) -> list[Job]:
+def plan(
+    *, messages: int, poison: int, malformed: int, rng: random.Random, decode: int = 0
+) -> list[Job]:
     """`messages` publishes in all, shuffled; 10% of the rest are duplicates."""
-    rest = messages - poison - malformed
+    rest = messages - poison - malformed - decode
     duplicates = rest // 10
     originals = rest - duplicates
     jobs: list[Job] = [
@@ -121,6 +128,18 @@ def plan(*, messages: int, poison: int, malformed: int, rng: random.Random) -> l
                 tenant="",
                 body=body,
                 content_type=content_type,
+            )
+        )
+    for n, bad in enumerate(decode_poison(decode)):
+        jobs.append(
+            Job(
+                kind=JobKind.DECODE_POISON,
+                queue=LOCAL_QUEUE if n % 2 else POISON_QUEUE,
+                message_id=bad.mark,
+                tenant="",
+                body=bad.body,
+                raw=bad.properties,
+                expect=bad.reason,
             )
         )
     rng.shuffle(jobs)
@@ -167,6 +186,9 @@ class ResilientPublisher:
 
     async def publish(self, job: Job) -> None:
         """Until the broker confirms it, whatever happens to the broker."""
+        if job.raw is not None:
+            await self._publish_raw(job, job.raw)
+            return
         attempts = 0
         while True:
             exchange = await self._ensure()
@@ -186,6 +208,21 @@ class ResilientPublisher:
                 return
             self.republished += 1  # nacked or returned: again, same message_id
             await asyncio.sleep(0.2)
+
+    async def _publish_raw(self, job: Job, properties: RawProperties) -> None:
+        """A raw message, on a connection of its own (few of them), until confirmed."""
+        while True:
+            url = self.urls[self.republished % len(self.urls)]  # a cluster: each in turn
+            try:
+                await publish_raw(job.queue, job.body, url=url, properties=properties)
+            except Exception as exc:
+                log.info("publish_unconfirmed", message_id=job.message_id, error=repr(exc))
+                self.republished += 1
+                await asyncio.sleep(0.2)
+                continue
+            self.published += 1
+            self.first_sent.setdefault((job.queue, job.message_id), time.monotonic())
+            return
 
     async def publish_all(self, jobs: list[Job], *, seconds: float) -> None:
         """Publish `jobs` evenly over about `seconds`, `window` in flight at most."""
