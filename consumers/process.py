@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import signal
 
+import aio_pika
+import aiormq
 import structlog
 
 from consumers.app import load_app
@@ -25,11 +27,21 @@ from consumers.health import Heartbeat
 from consumers.horizon import check_retention, retention_need
 from consumers.metrics import DedupeCollector
 from consumers.settings import Settings
+from consumers.verdict import CONNECTION_ERRORS, describe
 from consumers.worker import Worker
 from dedupe import TableStats
 
 log = structlog.get_logger(__name__)
 
+# The exit status of a process whose start failed (a supervisor restarts it);
+# 0 is a stop that was asked for, a traceback's 1 a bug.
+EXIT_START_FAILED = 3
+# What a start fails on that a restart may cure: a service down, a connection cut.
+START_FAILURES: tuple[type[BaseException], ...] = (
+    *CONNECTION_ERRORS,
+    aiormq.exceptions.AMQPConnectionError,
+    aio_pika.exceptions.ChannelInvalidStateError,
+)
 SCRAPE_READ_SECONDS = 3.0  # how long a scrape waits for the dedupe table's figures
 
 
@@ -58,10 +70,17 @@ async def run_process(target: str, settings: Settings) -> int:
     )
     try:
         done, _ = await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
-        if starting in done:
-            starting.result()  # a failed start raises here
+        # A failed start that lands in the same turn of the loop as SIGTERM is
+        # an abandoned start too: the stop was asked for, the exit is 0.
+        if starting in done and not stop_requested.is_set():
+            if isinstance(error := starting.exception(), START_FAILURES):
+                # A service down or a connection cut while starting (maybe with
+                # a first queue consuming already): not a stop that failed.
+                log.error("start_failed", error=describe(error), exc_info=error)
+                return EXIT_START_FAILED
+            starting.result()  # any other failed start raises here
             await waiting  # consume until SIGTERM or SIGINT
-        else:
+        elif not (starting.done() and starting.exception() is None):
             log.info("start_abandoned", reason="stop requested while starting")
             starting.cancel()
             try:

@@ -19,6 +19,7 @@ import aio_pika
 from prometheus_client.parser import text_string_to_metric_families
 
 from consumers.retry import dead_letter_queue
+from proving.keptlogs import keep_log
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,6 +61,7 @@ class WorkerProcess:
         full = {**os.environ, **env, **(extra_env or {})}
         full["PYTHONPATH"] = str(ROOT)
         self.log_path = log_path
+        self.killed = False  # SIGKILLed by the test: its exit says nothing
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "consumers", "run", target, *args],
@@ -74,6 +76,7 @@ class WorkerProcess:
         return self.proc.pid
 
     def kill(self) -> None:
+        self.killed = True
         self.proc.send_signal(signal.SIGKILL)
 
     def terminate(self) -> None:
@@ -85,10 +88,23 @@ class WorkerProcess:
             if asyncio.get_running_loop().time() > deadline:
                 self.proc.kill()
                 self.proc.wait()
+                self._keep_log(f"did not exit within {timeout} s")
                 raise AssertionError(f"worker {self.pid} did not exit within {timeout} s")
             await asyncio.sleep(0.05)
         self._log.close()
+        self._check_exit()
         return self.proc.returncode
+
+    def _check_exit(self) -> None:
+        """A non-zero exit the test did not cause: keep the log, which goes with tmp_path."""
+        code = self.proc.returncode
+        if code not in (0, None) and not (self.killed and code == -signal.SIGKILL):
+            self._keep_log(f"exited {code}")
+
+    def _keep_log(self, why: str) -> None:
+        if not self._log.closed:
+            self._log.flush()
+        keep_log(self.log_path, f"test-worker-{self.pid}-{self.log_path.name}", f"worker {why}")
 
     async def expect_exit(self, code: int, timeout: float = 30.0) -> None:
         """Wait for the exit; on any other exit status fail with the end of the worker's log."""
@@ -102,7 +118,10 @@ class WorkerProcess:
     def stop_now(self) -> None:
         """Cleanup: kill if still running, reap, close the log."""
         if self.proc.poll() is None:
+            self.killed = True
             self.proc.kill()
+        elif not self._log.closed:  # exited, and no wait() looked at how
+            self._check_exit()
         self.proc.wait()
         if not self._log.closed:
             self._log.close()

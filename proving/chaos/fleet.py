@@ -30,6 +30,8 @@ from pathlib import Path
 import structlog
 
 from consumers.faults import CrashPoint
+from consumers.process import EXIT_START_FAILED
+from proving.keptlogs import TAIL_LINES, keep_log
 
 log = structlog.get_logger(__name__)
 
@@ -88,6 +90,7 @@ class Fleet:
         self.max_crash_after = max_crash_after
         self.rng = rng
         self.counts = FleetCounts()
+        self.kept_logs: list[Path] = []  # logs of workers that exited non-zero unasked
         self.arming = True
         self.running = False
         self._task: asyncio.Task[None] | None = None
@@ -115,6 +118,9 @@ class Fleet:
                 if asyncio.get_running_loop().time() > deadline:
                     slot.proc.kill()
                 await asyncio.sleep(0.05)
+            if slot.proc is not None and slot.proc.returncode not in (0, -signal.SIGTERM):
+                self.counts.unclean_terms += 1  # the final SIGTERM counts like the others
+                self._keep_log(slot, slot.proc.returncode, "SIGTERMed at the end, did not exit 0")
 
     def kill_now(self) -> None:
         self.running = False
@@ -234,7 +240,7 @@ class Fleet:
         """Record why the slot's process exited; return the delay before a restart."""
         if slot.sent is signal.SIGKILL:
             return 0.3
-        if slot.sent is signal.SIGTERM:
+        if slot.sent is signal.SIGTERM and code != EXIT_START_FAILED:
             if code == -signal.SIGKILL and slot.armed is not None:
                 # Its armed crash point fired in the batch it finished on the way out.
                 self.counts.crashed_at[str(slot.armed)] += 1
@@ -243,10 +249,22 @@ class Fleet:
             elif code != 0:
                 self.counts.unclean_terms += 1
                 log.warning("worker_unclean_sigterm", slot=slot.index, code=code)
+                self._keep_log(slot, code, "SIGTERMed, did not exit 0")
             return 0.1
         if code == -signal.SIGKILL and slot.armed is not None:
             self.counts.crashed_at[str(slot.armed)] += 1
             return 0.3
+        # A start that failed (EXIT_START_FAILED) counts here even when a SIGTERM
+        # crossed it: the process did not fail to stop, it failed to start.
         self.counts.start_failures += 1
         log.info("worker_exited", slot=slot.index, code=code)
+        # Expected while a service is down: kept, but its last line only is printed.
+        self._keep_log(slot, code, "exited by itself", tail=1)
         return 1.0
+
+    def _keep_log(self, slot: _Slot, code: int, why: str, *, tail: int = TAIL_LINES) -> None:
+        """Copy the slot's log out of the run directory, which goes when the run ends."""
+        run = self.log_dir.parent.name
+        name = f"{run}-worker-{slot.index}-start{slot.starts}-exit{code}.log"
+        source = self.log_dir / f"worker-{slot.index}.log"
+        self.kept_logs.append(keep_log(source, name, why, tail=tail))
