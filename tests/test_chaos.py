@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from proving.chaos.profile import CI
 from tests.support import ROOT
 
 LINE = re.compile(r"^chaos: messages=\d+ .*$", re.MULTILINE)
@@ -42,4 +43,6 @@ def test_chaos_ci_profile_loses_nothing_doubles_nothing_leaves_nothing_stuck() -
     assert (figures["lost"], figures["doubled"], figures["stuck"]) == (0, 0, 0), run.stdout
     assert figures["max_attempts"] <= 5, run.stdout
     assert figures["kills"] >= 12 and figures["restarts"] >= 6, run.stdout
+    assert figures["decode_poison"] == CI.decode_poison, run.stdout  # each with its reason
+    assert figures["innocent_dead_lettered"] == 0, run.stdout
     assert run.returncode == 0, run.stdout[-3000:]
