@@ -27,6 +27,7 @@ import orjson
 from dedupe import DedupeKey, fingerprint, is_plain
 
 MAX_MESSAGE_ID_BYTES = 128
+MAX_ATTEMPT = 1_000_000  # an x-attempt above is read as this
 MAX_JSON_DEPTH = 100  # nested objects and arrays; deeper is bad input
 JSON_MEDIA_TYPE = "application/json"
 TENANT_HEADER = "x-tenant"
@@ -110,7 +111,11 @@ def loads_json(raw: bytes) -> Any:
 
 def attempt_of(message: aio_pika.abc.AbstractIncomingMessage) -> int:
     raw = (message.headers or {}).get(ATTEMPT_HEADER, 1)
-    return max(raw, 1) if isinstance(raw, int) and not isinstance(raw, bool) else 1
+    if not isinstance(raw, int) or isinstance(raw, bool):
+        return 1
+    # From the wire: bounded, or a backoff of 2**attempt or attempt + 1 in a
+    # 64-bit header could fail on a value any publisher may send.
+    return min(max(raw, 1), MAX_ATTEMPT)
 
 
 def is_json_media_type(content_type: str) -> bool:

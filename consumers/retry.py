@@ -33,7 +33,8 @@ class RetryPolicy:
 
     def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
         """Full jitter: uniform in [0, min(cap, base * 2**(attempt-1))]."""
-        ceiling = min(self.cap_seconds, self.base_seconds * 2 ** max(attempt - 1, 0))
+        doublings = min(max(attempt - 1, 0), 64)  # the attempt comes off the wire
+        ceiling = min(self.cap_seconds, self.base_seconds * 2**doublings)
         return (rng or random).uniform(0, ceiling)
 
     def tier_for(self, delay: float) -> float:

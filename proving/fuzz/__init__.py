@@ -29,7 +29,7 @@ def main(argv: Sequence[str]) -> int:
     configure_logging("warning")
     settings = Settings.from_env()
     outcome = asyncio.run(run_fuzz(settings.database.url, inputs=args.inputs, seed_value=args.seed))
-    for log in outcome.crash_logs:
+    for log in [*outcome.crash_logs, *outcome.undecidable_lines]:
         print(log)
     for reason, count in sorted(outcome.reasons.items()):
         print(f"{'dead-lettered: ' + reason:<50}{count:>10}")

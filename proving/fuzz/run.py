@@ -44,6 +44,7 @@ from proving.chaos.run import free_port
 from proving.chaos.services import PrivateRabbit, remove_tree
 from proving.fuzz.app import EFFECTS_TABLE, RETRY
 from proving.fuzz.inputs import RawInput, raw_inputs
+from proving.keptlogs import keep_log
 from proving.rawamqp import BrokerRefused, RawPublisher
 
 MARK_HEADER = "x-fuzz-n"
@@ -67,6 +68,7 @@ class FuzzOutcome:
     seconds: float = 0.0
     reasons: Counter[str] = field(default_factory=Counter)
     crash_logs: list[str] = field(default_factory=list)
+    undecidable_lines: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -320,7 +322,11 @@ async def _fuzz(
             1 for n in range(inputs) if not (effected[n] or dead.get(n) or n in refused)
         )
         log_text = worker.log_path.read_text(errors="replace")
-        outcome.undecidable = log_text.count("message_undecidable")
+        undecidable = [line for line in log_text.splitlines() if "message_undecidable" in line]
+        outcome.undecidable = len(undecidable)
+        outcome.undecidable_lines = undecidable[:5]
+        if outcome.undecidable or worker.crashes:
+            keep_log(worker.log_path, f"{workdir.name}-fuzz-worker.log", "fuzz worker", tail=5)
     finally:
         if worker.proc is not None and worker.proc.poll() is None:
             worker.proc.kill()
