@@ -4,14 +4,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Every package the linters read (add a new top-level package here).
-SOURCES := consumers dedupe providers proving tests
+SOURCES := consumers dedupe ingress providers proving tests
 
 .PHONY: install demo test check ci lint typecheck imports bench chaos chaos-cluster clean services wheel
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[push,bench]' --group dev
+	$(PY) -m pip install --quiet -e '.[push,bench,serve,client]' --group dev
 	touch $(STAMP)
 
 install: $(STAMP)

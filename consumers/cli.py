@@ -1,4 +1,5 @@
-"""`idempotent-workers` (also `python -m consumers`): migrate, run, demo, cleanup, dlq, bench.
+"""`idempotent-workers` (also `python -m consumers`): migrate, run, serve, api-key, demo,
+cleanup, dlq, bench, chaos.
 
 Configuration comes from the environment, read here and nowhere else:
 AMQP_URL, DATABASE_URL, DATABASE_SCHEMA and the IW_* knobs of `Settings.from_env`.
@@ -80,15 +81,28 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 def _proving_tool(name: str) -> Any:
     """`proving.<name>`, imported by name: the framework never imports its proving tools."""
+    return _load(f"proving.{name}", "install the idempotent-workers package with its proving tools")
+
+
+def _load(module: str, hint: str) -> Any:
     try:
-        return importlib.import_module(f"proving.{name}")
+        return importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        if exc.name is not None and exc.name.startswith("proving"):
+        if exc.name is not None and module.startswith(exc.name.split(".")[0]):
             raise SystemExit(
-                f"idempotent-workers: the {name} tool is not installed ({exc}); "
-                "install the idempotent-workers package with its proving tools"
+                f"idempotent-workers: {module} is not installed ({exc}); {hint}"
             ) from exc
         raise
+
+
+def _ingress() -> Any:
+    """`ingress.serve`, imported by name: the framework never imports its HTTP send API."""
+    try:
+        return _load("ingress.serve", "pip install 'idempotent-workers[serve]'")
+    except ModuleNotFoundError as exc:  # fastapi, uvicorn: the extra is missing
+        raise SystemExit(
+            f"idempotent-workers: serve needs {exc.name}: pip install 'idempotent-workers[serve]'"
+        ) from exc
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -117,6 +131,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--pushes", type=int, default=1_000)
     demo.add_argument("--workers", type=int, default=2)
     cleaner.register(sub)
+    serve = sub.add_parser("serve", help="the HTTP send API (POST /v1/messages) until SIGTERM")
+    serve.add_argument("args", nargs=argparse.REMAINDER)
+    api_key = sub.add_parser("api-key", help="api-key create --tenant T: a key for serve")
+    api_key.add_argument("args", nargs=argparse.REMAINDER)
     bench = sub.add_parser("bench", help="throughput and latency against a bare consumer")
     bench.add_argument("args", nargs=argparse.REMAINDER)
     chaos = sub.add_parser("chaos", help="faults on a schedule, then count lost and doubled")
@@ -131,9 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # REMAINDER does not take options that come first (`chaos --profile full`):
     # bench and chaos get whatever the top-level parser does not know.
     args, unknown = parser.parse_known_args(argv)
-    if unknown and args.command not in ("bench", "chaos"):
+    passthrough = ("bench", "chaos", "serve", "api-key")
+    if unknown and args.command not in passthrough:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if args.command in ("bench", "chaos"):
+    if args.command in passthrough:
         args.args = [*unknown, *args.args]
     configure_logging(args.log_level)
     settings = Settings.from_env()
@@ -153,6 +172,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("bench", "chaos"):
             tool_main = _proving_tool(args.command).main
             code = tool_main(args.args, settings)
+            return code
+        if args.command == "serve":
+            code = _ingress().serve_main(args.args, settings)
+            return code
+        if args.command == "api-key":
+            code = _ingress().api_key_main(args.args, settings)
             return code
         if args.command == "dlq":
             return asyncio.run(dlq_command.run(args, settings))

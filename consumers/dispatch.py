@@ -179,7 +179,8 @@ class Dispatcher:
             fields["delay_s"] = where.tier
         level = (
             "info"
-            if outcome in (Outcome.EFFECT_COMMITTED, Outcome.DUPLICATE_IGNORED)
+            if outcome
+            in (Outcome.EFFECT_COMMITTED, Outcome.DUPLICATE_IGNORED, Outcome.MESSAGE_CANCELLED)
             else "warning"
         )
         if lines is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -39,19 +40,23 @@ from consumers.push_job import InvalidPushJob, PushJob, parse_push_job
 from consumers.rerun import DatabaseUnavailable, rerun_after_disconnect, rollback_quietly
 from consumers.settings import WorkerSettings
 from consumers.spec import DeadToken, HandlerSpec
-from consumers.verdict import DUPLICATE, EFFECT, REUSED, dead, describe, retry
+from consumers.verdict import CANCELLED, DUPLICATE, EFFECT, REUSED, dead, describe, retry
 from dedupe import (
+    INGRESS_HEADER,
     LEASE_EXPIRED,
     Claim,
     ClaimOutcome,
+    DbConnection,
     DedupeKey,
     Inbox,
+    Messages,
     SendIntent,
     SendLedger,
     SendResult,
     SendStatus,
     TargetKey,
     UnknownOutcome,
+    parse_message_id,
 )
 from providers import (
     InvalidDeviceToken,
@@ -128,6 +133,7 @@ class PushRunner:
         self.settings = settings
         self.faults = faults
         self.metrics = metrics
+        self.messages = Messages(inbox.schema)
 
     async def run(self, deliveries: Sequence[Delivery]) -> None:
         decoded = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
@@ -180,6 +186,7 @@ class PushRunner:
                 if i.envelope is not None
             ]
             outcomes = await self.inbox.claim(conn, claims)
+            cancelled = await self._take_ingress(conn, items, outcomes)
             intents: list[SendIntent] = []
             seen_before: dict[DedupeKey, Item] = {}
             for item, outcome in zip(items, outcomes, strict=True):
@@ -187,6 +194,8 @@ class PushRunner:
                 job = jobs[item]
                 if outcome is ClaimOutcome.REUSED:
                     verdicts[item] = REUSED
+                elif item in cancelled:
+                    verdicts[item] = CANCELLED
                 elif outcome is ClaimOutcome.DUPLICATE:
                     seen_before[item.envelope.key] = item
                 else:
@@ -225,6 +234,24 @@ class PushRunner:
                     "send_in_progress", delay=busy[key] + 0.5, spend_attempt=False
                 )
         return _Claimed(sends=sends, verdicts=verdicts)
+
+    async def _take_ingress(
+        self, conn: DbConnection, items: list[Item], outcomes: list[ClaimOutcome]
+    ) -> set[Item]:
+        """New jobs sent through ingress: queued -> taken, the compare-and-set a cancel races.
+
+        Returns the items whose message was cancelled first: they send nothing.
+        """
+        sent_for: dict[Item, uuid.UUID] = {}
+        for item, outcome in zip(items, outcomes, strict=True):
+            header = (item.delivery.headers or {}).get(INGRESS_HEADER)
+            message = parse_message_id(header) if isinstance(header, str) else None
+            if outcome is ClaimOutcome.NEW and message is not None:
+                sent_for[item] = message
+        if not sent_for:
+            return set()
+        cancelled = await self.messages.take(conn, list(sent_for.values()))
+        return {item for item, message in sent_for.items() if message in cancelled}
 
     def _new_send(self, item: Item, job: PushJob, index: int, device: Target) -> _Send:
         assert item.envelope is not None

@@ -16,6 +16,7 @@ class Outcome(StrEnum):
     MESSAGE_ID_REUSED = "message_id_reused"
     RETRY_SCHEDULED = "retry_scheduled"
     DEAD_LETTERED = "dead_lettered"
+    MESSAGE_CANCELLED = "message_cancelled"  # an ingress message cancelled before it was taken
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +33,7 @@ class Verdict:
 EFFECT = Verdict(outcome=Outcome.EFFECT_COMMITTED)
 DUPLICATE = Verdict(outcome=Outcome.DUPLICATE_IGNORED)
 REUSED = Verdict(outcome=Outcome.MESSAGE_ID_REUSED, reason="message_id_reused")
+CANCELLED = Verdict(outcome=Outcome.MESSAGE_CANCELLED)
 
 
 def dead(reason: str, error: str = "") -> Verdict:

@@ -1,7 +1,14 @@
-"""The PostgreSQL side: migrations, the inbox of processed messages, the send ledger, the outbox."""
+"""The PostgreSQL side: migrations, the inbox of processed messages, the send ledger,
+the outbox, the HTTP send API's messages, compare-and-set transitions."""
 
 from dedupe.connection import DbConnection
-from dedupe.errors import DedupeError, MigrationError, NotInTransaction, SchemaMissing
+from dedupe.errors import (
+    DedupeError,
+    KeyVanished,
+    MigrationError,
+    NotInTransaction,
+    SchemaMissing,
+)
 from dedupe.fingerprint import canonical_json, fingerprint, is_plain
 from dedupe.inbox import Claim, ClaimOutcome, DedupeKey, Inbox
 from dedupe.ledger import (
@@ -15,15 +22,31 @@ from dedupe.ledger import (
     UnknownOutcome,
 )
 from dedupe.lookup import ClaimRow, KeyRecord, look_up
+from dedupe.messages import (
+    INGRESS_HEADER,
+    Acceptance,
+    Accepted,
+    Messages,
+    MessageStatus,
+    MessageView,
+    NewMessage,
+    TargetState,
+    job_message_id,
+    parse_message_id,
+)
 from dedupe.migrate import available_migrations, check_schema, migrate, quote_ident
 from dedupe.outbox import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure
 from dedupe.retention import CleanerBusy, CleanupResult, Retention, cleanup
 from dedupe.stats import OUTBOX_COUNT_CAP, TableStats, table_stats
+from dedupe.transition import Transition, transition
 
 __all__ = [
+    "INGRESS_HEADER",
     "LEASE_EXPIRED",
     "NOTIFY_CHANNEL",
     "OUTBOX_COUNT_CAP",
+    "Acceptance",
+    "Accepted",
     "Claim",
     "ClaimOutcome",
     "ClaimRow",
@@ -34,7 +57,12 @@ __all__ = [
     "DedupeKey",
     "Inbox",
     "KeyRecord",
+    "KeyVanished",
+    "MessageStatus",
+    "MessageView",
+    "Messages",
     "MigrationError",
+    "NewMessage",
     "NotInTransaction",
     "Outbox",
     "OutboxRow",
@@ -48,6 +76,8 @@ __all__ = [
     "SendStatus",
     "TableStats",
     "TargetKey",
+    "TargetState",
+    "Transition",
     "UnknownOutcome",
     "available_migrations",
     "canonical_json",
@@ -55,8 +85,11 @@ __all__ = [
     "cleanup",
     "fingerprint",
     "is_plain",
+    "job_message_id",
     "look_up",
     "migrate",
+    "parse_message_id",
     "quote_ident",
     "table_stats",
+    "transition",
 ]

@@ -4,6 +4,7 @@ DedupeError
   SchemaMissing     the tables are not there: run `idempotent-workers migrate`
   MigrationError    a migration file is malformed or failed to apply
   NotInTransaction  a write that must share the caller's transaction got none
+  KeyVanished       an idempotency key conflicted, then was gone: try again
 """
 
 from __future__ import annotations
@@ -23,3 +24,7 @@ class MigrationError(DedupeError):
 
 class NotInTransaction(DedupeError):
     """`Outbox.enqueue` was called outside a transaction: the row would not share its fate."""
+
+
+class KeyVanished(DedupeError):
+    """An idempotency key conflicted, then was gone (retention ran in between): try again."""

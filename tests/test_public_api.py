@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-PACKAGES = ["consumers", "dedupe", "providers", "providers.fakes"]
+PACKAGES = ["consumers", "dedupe", "ingress", "providers", "providers.fakes"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

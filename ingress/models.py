@@ -1,0 +1,99 @@
+"""The send API's bodies as pydantic models: what FastAPI validates and /openapi.json shows.
+
+`SendRequest` accepts exactly what the push worker accepts
+(`consumers.push_job.parse_push_job`), plus the optional `idempotency_key`;
+strict, so `"3600"` is not a number and unknown fields are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from consumers.push_job import MAX_TARGETS, MAX_TOKEN_CHARS
+
+MAX_KEY_BYTES = 128
+
+_STRICT = ConfigDict(strict=True, extra="forbid")
+
+
+class TargetIn(BaseModel):
+    model_config = _STRICT
+    platform: Literal["ios", "android", "web"]
+    token: Annotated[str, Field(min_length=1, max_length=MAX_TOKEN_CHARS)]
+
+
+class NotificationIn(BaseModel):
+    model_config = _STRICT
+    title: str | None = None
+    body: str | None = None
+    data: dict[str, str] = Field(default_factory=dict)
+
+
+class SendRequest(BaseModel):
+    """A push job (the push worker's format) and, unless given as a header, its key."""
+
+    model_config = _STRICT
+    targets: Annotated[list[TargetIn], Field(min_length=1, max_length=MAX_TARGETS)]
+    notification: NotificationIn = Field(default_factory=NotificationIn)
+    priority: Literal["high", "normal"] | None = None
+    ttl_seconds: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    push_type: Annotated[str, Field(min_length=1)] | None = None
+    collapse_key: Annotated[str, Field(min_length=1)] | None = None
+    idempotency_key: (
+        Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=MAX_KEY_BYTES,
+                description="1 to 128 bytes of UTF-8; or the Idempotency-Key header",
+            ),
+        ]
+        | None
+    ) = None
+
+
+class Queued(BaseModel):
+    status: Literal["queued", "duplicate_ignored"]
+    id: str
+
+
+class Detail(BaseModel):
+    field: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: str
+
+
+class InvalidRequest(BaseModel):
+    error: Literal["invalid_request"]
+    details: list[Detail]
+
+
+class NotCancellable(BaseModel):
+    error: Literal["message_not_cancellable"]
+    status: str
+
+
+class TargetOut(BaseModel):
+    index: int
+    status: Literal["pending", "claimed", "sending", "sent", "failed"]
+    platform: str | None = None
+    provider_message_id: str | None = None
+    failure_reason: str | None = None
+
+
+class MessageOut(BaseModel):
+    id: str
+    status: Literal["queued", "taken", "cancelled"]
+    created_at: str
+    updated_at: str
+    targets: list[TargetOut]
+
+
+class Cancelled(BaseModel):
+    id: str
+    status: Literal["cancelled"]

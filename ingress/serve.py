@@ -1,0 +1,116 @@
+"""`idempotent-workers serve` and `idempotent-workers api-key create --tenant T`.
+
+The CLI loads this module by name, so the framework never imports ingress.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+from collections.abc import Iterator, Sequence
+
+import asyncpg
+import structlog
+import uvicorn
+
+from consumers.settings import Settings
+from dedupe import check_schema
+from ingress.api import create_app
+from ingress.keys import ApiKeys
+from ingress.settings import IngressSettings
+
+log = structlog.get_logger(__name__)
+
+
+def serve_main(argv: Sequence[str], settings: Settings) -> int:
+    parser = argparse.ArgumentParser(prog="idempotent-workers serve")
+    base = IngressSettings.from_env(os.environ)
+    parser.add_argument("--host", default=base.host)
+    parser.add_argument("--port", type=int, default=base.port, help="0: any free port")
+    parser.add_argument("--queue", default=base.queue, help="the push queue jobs go to")
+    parser.add_argument("--max-batch", type=int, default=base.max_batch)
+    parser.add_argument("--lanes", type=int, default=base.lanes)
+    parser.add_argument(
+        "--bench-endpoint", action="store_true", help="mount the bench's trivial 202 endpoint"
+    )
+    args = parser.parse_args(argv)
+    ingress = IngressSettings(
+        host=args.host,
+        port=args.port,
+        queue=args.queue,
+        max_batch=args.max_batch,
+        lanes=args.lanes,
+        bench_endpoint=args.bench_endpoint,
+    )
+    try:
+        import uvloop  # the serve extra brings it; the default loop otherwise
+    except ImportError:
+        return asyncio.run(serve(ingress, settings))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(serve(ingress, settings))
+
+
+async def serve(ingress: IngressSettings, settings: Settings) -> int:
+    """Serve until SIGTERM or SIGINT: stop accepting, finish the requests in flight, exit 0."""
+    app = create_app(ingress, settings.database)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((ingress.host, ingress.port))
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(
+        app,
+        http="httptools",
+        access_log=False,
+        log_config=None,
+        timeout_graceful_shutdown=10,
+        backlog=2048,
+    )
+    server = _Server(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.stop_soon)
+    # A line a parent process (tests, bench, demo) waits for: the port is chosen now.
+    print(f"serve: listening on http://{host}:{port}", flush=True)
+    log.info("ingress_listening", host=host, port=port, queue=ingress.queue)
+    await server.serve(sockets=[sock])
+    return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, stopped by our handlers: a SIGTERM ends it with exit code 0.
+
+    (uvicorn's own handlers raise the signal again once it stopped, so the
+    process would die of it: a clean stop would read as a crash.)
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    def stop_soon(self) -> None:
+        log.info("ingress_stopping")
+        self.should_exit = True
+
+
+def api_key_main(argv: Sequence[str], settings: Settings) -> int:
+    parser = argparse.ArgumentParser(prog="idempotent-workers api-key")
+    sub = parser.add_subparsers(dest="action", required=True)
+    create = sub.add_parser("create", help="make a key for a tenant; it is printed once")
+    create.add_argument("--tenant", required=True)
+    args = parser.parse_args(argv)
+    key = asyncio.run(_create_key(settings, args.tenant))
+    print(key)
+    return 0
+
+
+async def _create_key(settings: Settings, tenant: str) -> str:
+    conn = await asyncpg.connect(settings.database.url)
+    try:
+        await check_schema(conn, settings.database.schema)
+        return await ApiKeys(settings.database.schema).create(conn, tenant)
+    finally:
+        await conn.close()

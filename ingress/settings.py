@@ -1,0 +1,30 @@
+"""How `idempotent-workers serve` runs: where it listens, where jobs go, how commits group."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_PUSH_QUEUE = "notifications.push"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IngressSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    queue: str = DEFAULT_PUSH_QUEUE  # the push queue accepted jobs are relayed to
+    max_batch: int = 256  # requests in one commit at most
+    lanes: int = 2  # commits in flight at once (each a pooled connection)
+    key_cache_seconds: float = 30.0  # how long a known API key skips the database
+    bench_endpoint: bool = False  # mount the trivial 202 endpoint the bench compares with
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> IngressSettings:
+        """Read IW_INGRESS_* variables (the CLI's flags win over them)."""
+        return cls(
+            host=env.get("IW_INGRESS_HOST", "127.0.0.1"),
+            port=int(env.get("IW_INGRESS_PORT", "8080")),
+            queue=env.get("IW_INGRESS_QUEUE", DEFAULT_PUSH_QUEUE),
+            max_batch=int(env.get("IW_INGRESS_MAX_BATCH", "256")),
+            lanes=int(env.get("IW_INGRESS_LANES", "2")),
+        )
