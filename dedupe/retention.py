@@ -24,6 +24,8 @@ this module only deletes what is older than it is told, like this:
    deleted then, and no expired row is left behind.
 5. A push job whose sends are not all `sent` or `failed` keeps its claim and
    those ledger rows until they are.
+6. The send API's idempotency keys go after the same time (a retry later than
+   that makes a new message), and its messages too, unless still `queued`.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ class CleanupResult:
     processed_messages: int
     outbound_sends: int
     batches: int = 0
+    ingress_keys: int = 0
+    ingress_messages: int = 0
 
 
 def _sends_batch(q: str) -> str:
@@ -94,6 +98,25 @@ def _claims_batch(q: str) -> str:
         "   WHERE (o.consumer, o.tenant, o.message_id) = (p.consumer, p.tenant, p.message_id))"
         "  LIMIT $3)) RETURNING processed_at)"
         " SELECT count(*)::int AS deleted, min(processed_at) AS oldest FROM gone"
+    )
+
+
+def _ingress_keys_batch(q: str) -> str:
+    return (
+        f"WITH gone AS (DELETE FROM {q}.ingress_idempotency_keys WHERE ctid = ANY(ARRAY("
+        f" SELECT ctid FROM {q}.ingress_idempotency_keys"
+        "  WHERE created_at >= $1 AND created_at < $2 LIMIT $3)) RETURNING created_at)"
+        " SELECT count(*)::int AS deleted, min(created_at) AS oldest FROM gone"
+    )
+
+
+def _ingress_messages_batch(q: str) -> str:
+    return (
+        f"WITH gone AS (DELETE FROM {q}.ingress_messages WHERE ctid = ANY(ARRAY("
+        f" SELECT ctid FROM {q}.ingress_messages"
+        "  WHERE created_at >= $1 AND created_at < $2 AND status <> 'queued'"
+        "  LIMIT $3)) RETURNING created_at)"
+        " SELECT count(*)::int AS deleted, min(created_at) AS oldest FROM gone"
     )
 
 
@@ -128,8 +151,13 @@ async def _sweep(
 ) -> CleanupResult:
     q = quote_ident(schema)
     cutoff = await conn.fetchval("SELECT now() - $1::interval", retention.keep)
-    counts = {"sends": 0, "claims": 0, "batches": 0}
-    for name, sql in (("sends", _sends_batch(q)), ("claims", _claims_batch(q))):
+    counts = {"sends": 0, "claims": 0, "keys": 0, "messages": 0, "batches": 0}
+    for name, sql in (
+        ("sends", _sends_batch(q)),
+        ("claims", _claims_batch(q)),
+        ("keys", _ingress_keys_batch(q)),
+        ("messages", _ingress_messages_batch(q)),
+    ):
         cursor = _EPOCH
         while True:
             async with conn.transaction():
@@ -158,4 +186,6 @@ def _result(counts: dict[str, int]) -> CleanupResult:
         processed_messages=counts["claims"],
         outbound_sends=counts["sends"],
         batches=counts["batches"],
+        ingress_keys=counts["keys"],
+        ingress_messages=counts["messages"],
     )

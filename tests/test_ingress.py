@@ -6,13 +6,14 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
 
 from consumers import Settings, push_job_body
-from dedupe import DbConnection, Messages, job_message_id
+from dedupe import DbConnection, Messages, Retention, cleanup, job_message_id
 from ingress.settings import IngressSettings
 from providers import Platform, Target
 from tests.ingress_support import Served, serve_in_process
@@ -315,3 +316,26 @@ async def test_cancel_is_200_then_200_again_and_409_once_taken(
     assert too_late.status_code == 409
     assert too_late.json() == {"error": "message_not_cancellable", "status": "taken"}
     assert (await http.post("/v1/messages/nope/cancel")).status_code == 404
+
+
+async def test_keys_past_retention_are_forgotten_and_the_key_makes_a_new_message(
+    http: httpx.AsyncClient, db: DbConnection, schema: str
+) -> None:
+    body = {**job(), "idempotency_key": "k-old"}
+    first = (await http.post("/v1/messages", json=body)).json()["id"]
+    kept = (await http.post("/v1/messages", json={**job(), "idempotency_key": "k-young"})).json()
+    await http.post(f"/v1/messages/{first}/cancel")  # not queued any more: may go too
+    await db.execute(
+        "UPDATE ingress_idempotency_keys SET created_at = now() - interval '8 days'"
+        " WHERE idempotency_key = 'k-old'"
+    )
+    await db.execute(
+        "UPDATE ingress_messages SET created_at = now() - interval '8 days' WHERE id = $1",
+        uuid.UUID(first),
+    )
+    result = await cleanup(db, schema, Retention(keep=timedelta(days=7)))
+    assert (result.ingress_keys, result.ingress_messages) == (1, 1)
+    again = await http.post("/v1/messages", json=body)
+    assert again.json()["status"] == "queued" and again.json()["id"] != first
+    replay = await http.post("/v1/messages", json={**job(), "idempotency_key": "k-young"})
+    assert replay.json() == {"status": "duplicate_ignored", "id": kept["id"]}
