@@ -18,6 +18,7 @@ from consumers.settings import (
     AmqpSettings,
     DatabaseSettings,
     QueueType,
+    RetentionSettings,
     Settings,
     WorkerSettings,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "PushSpec",
     "QueueType",
     "Reject",
+    "RetentionSettings",
     "Retry",
     "RetryPolicy",
     "Settings",

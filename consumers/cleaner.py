@@ -1,8 +1,9 @@
 """Retention cleanup: the `cleanup` command, and the periodic one inside `run`.
 
 Both delete through `dedupe.cleanup`, one cleaner per schema at a time (an
-advisory lock): a second one says so and returns. Both refuse a retention
-shorter than the retry horizon plus the replay window (`consumers.horizon`).
+advisory lock): a second one says so and returns. A retention shorter than
+the retry horizon plus the replay window (`consumers.horizon`) is refused:
+by `cleanup` for its `--keep-days`, by `run` before it starts.
 The periodic cleaner is opt-in (`IW_CLEANUP_INTERVAL` seconds); with many
 workers, each tries at its interval and all but one find the lock taken.
 Its failures are logged, never raised: a worker does not stop for them.
