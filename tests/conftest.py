@@ -26,6 +26,9 @@ pytest_plugins = ["providers.fakes.pytest_plugin"]
 AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
+# The delay tiers of every RetryPolicy in the test suite and the default one.
+TEST_TIERS_SECONDS = (0.2, 0.3, 0.5, 0.6, 1.0, 1.2, 2.0, 5.0, 30.0, 120.0, 600.0, 3600.0, 86400.0)
+
 EFFECTS_TABLE = """
 CREATE TABLE effects (
     id          bigserial PRIMARY KEY,
@@ -71,9 +74,13 @@ async def queue_name(retry_policy: RetryPolicy) -> AsyncIterator[str]:
     """A unique queue name; its queues (work, tiers, dead letters) are deleted after."""
     name = f"test.{uuid.uuid4().hex[:12]}"
     yield name
+    # Whatever policy the test's app had: every tier the test apps use, so no
+    # quorum queue outlives its test on the shared broker (deleting a queue
+    # that does not exist is a no-op).
+    every_tier = sorted({*retry_policy.tiers_seconds, *TEST_TIERS_SECONDS})
     connection = await aio_pika.connect(AMQP_URL)
     channel = await connection.channel()
-    await delete(channel, name, retry_policy)
+    await delete(channel, name, RetryPolicy(tiers_seconds=tuple(every_tier)))
     await connection.close()
 
 
