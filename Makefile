@@ -43,6 +43,10 @@ imports: install
 bench: install services
 	$(PY) -m consumers bench
 
+# The send API: new keys and replays as ratios to the same server's trivial endpoint.
+bench-ingress: install services
+	$(PY) -m proving.bench.ingress $(BENCH_ARGS)
+
 chaos: install services
 	$(PY) -m consumers chaos
 

@@ -23,9 +23,11 @@ from typing import Annotated, Any
 import asyncpg
 import orjson
 import structlog
-from fastapi import Depends, FastAPI, Header, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from consumers.push_job import InvalidPushJob, parse_push_job
@@ -125,6 +127,23 @@ async def _tenant(
 
 Tenant = Annotated[str, Depends(_tenant)]
 
+_SEND_OPENAPI: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": "Idempotency-Key",
+            "in": "header",
+            "required": False,
+            "description": "The key, if not in the body: 1 to 128 bytes of UTF-8",
+            "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_BYTES},
+        }
+    ],
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SendRequest"}}},
+    },
+    "security": [{"HTTPBearer": []}],
+}
+
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "No key, or a key we never made"},
     503: {"model": ErrorBody, "description": "The database is unavailable: retry, same key"},
@@ -217,23 +236,18 @@ def create_app(settings: IngressSettings, database: DatabaseSettings) -> FastAPI
             422: {"model": ErrorBody, "description": "idempotency_key_reused: another body"},
             **_ERRORS,
         },
+        openapi_extra=_SEND_OPENAPI,
     )
-    async def send(
-        request: Request,
-        job: SendRequest,
-        tenant: Tenant,
-        idempotency_key: Annotated[
-            str | None,
-            Header(
-                alias="Idempotency-Key",
-                min_length=1,
-                max_length=MAX_KEY_BYTES,
-                description="The key, if not in the body",
-            ),
-        ] = None,
-    ) -> Response:
-        raw: dict[str, Any] = await request.json()
-        key = _one_key(job.idempotency_key, idempotency_key)
+    async def send(request: Request) -> Response:
+        # Read and validated here, not through FastAPI's body and dependency
+        # machinery: measured under load, that machinery took about a quarter
+        # of the server's time per request. /openapi.json still says it all
+        # (openapi_extra, and SendRequest added to the components below).
+        tenant = await _tenant_of(request)
+        raw_body = await request.body()
+        job = _validated(request, raw_body)
+        raw: dict[str, Any] = orjson.loads(raw_body)
+        key = _one_key(job.idempotency_key, request.headers.get("idempotency-key"))
         body = {k: v for k, v in raw.items() if k != "idempotency_key"}
         try:
             parsed = parse_push_job(body)
@@ -316,6 +330,24 @@ def create_app(settings: IngressSettings, database: DatabaseSettings) -> FastAPI
             raise NOT_FOUND
         return _json(409, {"error": "message_not_cancellable", "status": moved.status})
 
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document, plus the SendRequest schema the send route validates by hand."""
+        if app.openapi_schema is None:
+            document = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            body = SendRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(body.pop("$defs", {}))
+            schemas["SendRequest"] = body
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     if settings.bench_endpoint:
 
         @app.post("/bench/trivial", status_code=202, include_in_schema=False)
@@ -338,6 +370,29 @@ def refusal_response(refusal: Refusal) -> Response:
     return _json(refusal.status, refusal.body, refusal.headers)
 
 
+async def _tenant_of(request: Request) -> str:
+    """The bearer key's tenant; 401 without a key we made."""
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not credentials:
+        raise UNAUTHORIZED
+    running: _Running = request.app.state.running
+    found = await running.keys.tenant_for(running.db, credentials.strip())
+    if found is None:
+        raise UNAUTHORIZED
+    return found
+
+
+def _validated(request: Request, raw_body: bytes) -> SendRequest:
+    """The body as a push job, or 400 invalid_request with every field that is wrong."""
+    kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if kind != "application/json" and not kind.endswith("+json"):
+        raise _invalid(("body", "Content-Type: application/json is required"))
+    try:
+        return SendRequest.model_validate_json(raw_body)
+    except ValidationError as exc:
+        raise _invalid(*((_field(("body", *e["loc"])), e["msg"]) for e in exc.errors())) from None
+
+
 def _one_key(in_body: str | None, in_header: str | None) -> str:
     if in_body is not None and in_header is not None and in_body != in_header:
         raise _invalid(
@@ -346,6 +401,6 @@ def _one_key(in_body: str | None, in_header: str | None) -> str:
     key = in_body if in_body is not None else in_header
     if key is None:
         raise Refusal(400, {"error": "idempotency_key_required"})
-    if len(key.encode()) > MAX_KEY_BYTES:
+    if not key or len(key.encode()) > MAX_KEY_BYTES:
         raise _invalid(("idempotency_key", f"1 to {MAX_KEY_BYTES} bytes of UTF-8"))
     return key

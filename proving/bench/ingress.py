@@ -1,0 +1,193 @@
+"""The send API's bench: new keys and replays against the same server's trivial 202 endpoint.
+
+    python -m proving.bench.ingress [--rounds 3] [--seconds 8] [--connections 64]
+
+One `serve` process (with `--bench-endpoint`), a fresh schema, and the load
+from another process (`proving.bench.loadgen`). Each round measures, in this
+order, the highest rate (closed loop) of:
+
+- trivial: POST /bench/trivial, same server and framework, no database;
+- new: POST /v1/messages, every key new (key row, message row, outbox row);
+- replay: POST /v1/messages with keys sent before (duplicate_ignored);
+
+then p50/p99 in an open loop at half the new-key rate, for new keys and for
+the trivial endpoint at that same rate. Figures are medians over the rounds,
+each also as a ratio to the trivial endpoint measured in the same round.
+Targets (issue 11): new keys >= 0.5 of trivial; p99 < 25 ms at half that rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from consumers.settings import Settings
+from dedupe import migrate, quote_ident
+from ingress.keys import ApiKeys
+
+
+def load(url: str, key: str, **options: Any) -> dict[str, Any]:
+    """One loadgen process; its JSON line."""
+    spec = json.dumps({"url": url, "key": key, **options})
+    out = subprocess.run(
+        [sys.executable, "-m", "proving.bench.loadgen", spec],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=float(options["seconds"]) + 120,
+    )
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def start_serve(env: dict[str, str], log: Path, lanes: int) -> tuple[subprocess.Popen[bytes], str]:
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "consumers",
+                "serve",
+                "--port",
+                "0",
+                "--queue",
+                "bench.ingress",
+                "--bench-endpoint",
+                "--lanes",
+                str(lanes),
+            ],
+            env=env,
+            stdout=out,
+            stderr=out,
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = re.search(r"listening on (http://\S+)", log.read_text())
+        if found:
+            return proc, found[1]
+        if proc.poll() is not None:
+            raise SystemExit(f"serve exited: {log.read_text()[-2000:]}")
+        time.sleep(0.1)
+    raise SystemExit("serve did not listen within 60 s")
+
+
+async def prepare(settings: Settings, schema: str) -> str:
+    conn = await asyncpg.connect(settings.database.url)
+    try:
+        await migrate(conn, schema)
+        return await ApiKeys(schema).create(conn, "bench")
+    finally:
+        await conn.close()
+
+
+async def drop(settings: Settings, schema: str) -> None:
+    conn = await asyncpg.connect(settings.database.url)
+    try:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
+    finally:
+        await conn.close()
+
+
+def one_round(url: str, key: str, n: int, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    common = {"seconds": args.seconds, "connections": args.connections}
+    prefix = f"r{n}-{uuid.uuid4().hex[:6]}"
+    out = {
+        "trivial": load(url, key, mode="closed", kind="trivial", **common),
+        "new": load(url, key, mode="closed", kind="new", prefix=prefix, **common),
+        "replay": load(url, key, mode="closed", kind="replay", prefix=prefix, **common),
+    }
+    half = round(out["new"]["rate"] / 2, 1)
+    out["new_open"] = load(
+        url, key, mode="open", kind="new", rate=half, prefix=f"{prefix}-open", **common
+    )
+    out["trivial_open"] = load(url, key, mode="open", kind="trivial", rate=half, **common)
+    for name, result in out.items():
+        print(f"bench-ingress: round {n} {name}: {json.dumps(result)}", flush=True)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m proving.bench.ingress")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--lanes", type=int, default=2)
+    args = parser.parse_args(argv)
+    settings = Settings.from_env()
+    schema = f"bench_ingress_{uuid.uuid4().hex[:8]}"
+    key = asyncio.run(prepare(settings, schema))
+    env = {**os.environ, "DATABASE_URL": settings.database.url, "DATABASE_SCHEMA": schema}
+    log = Path(tempfile.mkdtemp(prefix="iw-bench-ingress-")) / "serve.log"
+    proc, url = start_serve(env, log, args.lanes)
+    try:
+        load(url, key, mode="closed", kind="new", seconds=2, prefix="warmup")  # JIT-free warm-up
+        rounds = [one_round(url, key, n, args) for n in range(1, args.rounds + 1)]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        asyncio.run(drop(settings, schema))
+    report(rounds)
+    return 0
+
+
+def report(rounds: list[dict[str, dict[str, Any]]]) -> None:
+    def med(name: str, field: str) -> float:
+        return float(statistics.median(r[name][field] for r in rounds))
+
+    def ratio(name: str) -> float:
+        return float(statistics.median(r[name]["rate"] / r["trivial"]["rate"] for r in rounds))
+
+    bad = {
+        name: r[name]["statuses"]
+        for r in rounds
+        for name in r
+        if set(r[name]["statuses"]) - {"202"} or r[name]["errors"]
+    }
+    print()
+    print(f"{'':<28}{'req/s':>10}{'x trivial':>11}{'p50 ms':>9}{'p99 ms':>9}")
+    for name, label in (
+        ("trivial", "trivial 202 (no database)"),
+        ("new", "new keys"),
+        ("replay", "replays (same key, body)"),
+    ):
+        print(
+            f"{label:<28}{med(name, 'rate'):>10.0f}{ratio(name):>11.2f}"
+            f"{med(name, 'p50_ms'):>9.1f}{med(name, 'p99_ms'):>9.1f}"
+        )
+    for name, label in (
+        ("new_open", "new keys, open loop"),
+        ("trivial_open", "trivial, open loop"),
+    ):
+        print(
+            f"{label:<28}{med(name, 'rate'):>10.0f}{'':>11}"
+            f"{med(name, 'p50_ms'):>9.1f}{med(name, 'p99_ms'):>9.1f}"
+        )
+    new_ratio, p99 = ratio("new"), med("new_open", "p99_ms")
+    print()
+    print(
+        f"bench-ingress: rounds={len(rounds)} trivial_rps={med('trivial', 'rate'):.0f} "
+        f"new_rps={med('new', 'rate'):.0f} new_ratio={new_ratio:.2f} "
+        f"replay_rps={med('replay', 'rate'):.0f} replay_ratio={ratio('replay'):.2f} "
+        f"open_rate={med('new_open', 'rate'):.0f} open_p50_ms={med('new_open', 'p50_ms'):.1f} "
+        f"open_p99_ms={p99:.1f} target_ratio={'met' if new_ratio >= 0.5 else 'missed'} "
+        f"target_p99={'met' if p99 < 25 else 'missed'} unexpected_statuses={bad or 'none'}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
