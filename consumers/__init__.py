@@ -11,7 +11,15 @@ from consumers.decisions import (
 )
 from consumers.envelope import BadInput, Envelope
 from consumers.faults import NO_FAULTS, CrashPoint, Faults, NoFaults
-from consumers.publisher import Publisher, job_message
+from consumers.publisher import (
+    Job,
+    NotConfirmed,
+    Publisher,
+    PublisherError,
+    PublisherSettings,
+    Unroutable,
+    job_message,
+)
 from consumers.push_job import InvalidPushJob, PushJob, parse_push_job, push_job_body
 from consumers.retry import RetryPolicy
 from consumers.settings import (
@@ -53,10 +61,14 @@ __all__ = [
     "HandlerSpec",
     "InvalidPushJob",
     "InvalidTokenHook",
+    "Job",
     "MessageHandler",
     "NoFaults",
+    "NotConfirmed",
     "ProviderFactory",
     "Publisher",
+    "PublisherError",
+    "PublisherSettings",
     "PushJob",
     "PushSpec",
     "QueueType",
@@ -66,6 +78,7 @@ __all__ = [
     "RetryPolicy",
     "Settings",
     "UnknownOutcome",
+    "Unroutable",
     "Worker",
     "WorkerSettings",
     "job_message",
