@@ -21,12 +21,14 @@ from consumers.publisher import (
     job_message,
 )
 from consumers.push_job import InvalidPushJob, PushJob, parse_push_job, push_job_body
+from consumers.relay import Relay
 from consumers.retry import RetryPolicy
 from consumers.settings import (
     AmqpSettings,
     DatabaseSettings,
     QueueType,
     RetentionSettings,
+    RelaySettings,
     Settings,
     WorkerSettings,
 )
@@ -74,6 +76,8 @@ __all__ = [
     "QueueType",
     "Reject",
     "RetentionSettings",
+    "Relay",
+    "RelaySettings",
     "Retry",
     "RetryPolicy",
     "Settings",

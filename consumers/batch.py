@@ -50,7 +50,7 @@ from consumers.verdict import (
     describe,
     retry,
 )
-from dedupe import Claim, ClaimOutcome, DbConnection, Inbox
+from dedupe import Claim, ClaimOutcome, DbConnection, Inbox, Outbox
 
 log = structlog.get_logger(__name__)
 
@@ -81,6 +81,7 @@ class BatchRunner:
         self.spec = spec
         self.pool = pool
         self.inbox = inbox
+        self.outbox = Outbox(inbox.schema)  # ctx.emit() writes here, in the batch's transaction
         self.dispatcher = dispatcher
         self.settings = settings
         self.faults = faults
@@ -233,6 +234,7 @@ class BatchRunner:
             attempt=envelope.attempt,
             consumer=self.spec.queue,
             staged=staged,
+            outbox=self.outbox,
         )
 
     def _judge(self, exc: Exception) -> Verdict:

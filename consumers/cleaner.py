@@ -75,6 +75,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     print(
         f"cleanup: schema={schema} older_than={keep_days}d "
         f"processed_messages={result.processed_messages} outbound_sends={result.outbound_sends}"
+        f" outbox={result.outbox}"
     )
     return 0
 
@@ -99,6 +100,7 @@ async def clean_periodically(settings: Settings) -> None:
                 "cleanup_done",
                 processed_messages=result.processed_messages,
                 outbound_sends=result.outbound_sends,
+                outbox=result.outbox,
                 batches=result.batches,
             )
 

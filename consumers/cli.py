@@ -1,5 +1,5 @@
-"""`idempotent-workers` (also `python -m consumers`): migrate, run, serve, api-key, demo,
-cleanup, dlq, bench, chaos.
+"""`idempotent-workers` (also `python -m consumers`): migrate, run, relay, serve, api-key,
+demo, cleanup, dlq, bench, chaos.
 
 Configuration comes from the environment, read here and nowhere else:
 AMQP_URL, DATABASE_URL, DATABASE_SCHEMA and the IW_* knobs of `Settings.from_env`.
@@ -23,6 +23,7 @@ from consumers.app import load_app
 from consumers.horizon import RetentionTooShort, check_retention, retention_need
 from consumers.logs import configure_logging
 from consumers.process import run_process
+from consumers.relay import run_relay
 from consumers.settings import Settings
 from dedupe import DedupeError, migrate
 
@@ -126,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         help="with --processes: give up (exit 1) past this many deaths within --restart-window",
     )
     run.add_argument("--restart-window", type=float, default=60.0, metavar="SECONDS")
+    sub.add_parser("relay", help="publish the outbox with confirms until SIGTERM (IW_RELAY_*)")
     demo = sub.add_parser("demo", help="the end-to-end demo: crashes, duplicates, a report")
     demo.add_argument("--jobs", type=int, default=10_000)
     demo.add_argument("--pushes", type=int, default=1_000)
@@ -163,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(cleaner.run(args, settings))
         if args.command == "run":
             return _run(args, settings)
+        if args.command == "relay":
+            return asyncio.run(run_relay(settings))
         if args.command == "demo":
             run_demo = _proving_tool("demo").run_demo
             code: int = asyncio.run(

@@ -1,4 +1,4 @@
-"""What a handler gets: the transaction, the message, and a bound logger."""
+"""What a handler gets: the transaction, the message, a bound logger, and `emit`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 
 import structlog
 
-from dedupe import DbConnection
+from consumers.decisions import ConfigurationError
+from dedupe import DbConnection, Outbox
 
 _log = structlog.get_logger("consumers.handler")
 
@@ -18,10 +19,21 @@ class Context:
     `tx` is the asyncpg connection, inside the batch's transaction: write the
     effects there and they commit exactly once with the message's claim.
     `stage()` queues a statement to run once for the whole batch
-    (`executemany`), which saves a round trip per message.
+    (`executemany`), which saves a round trip per message. `emit()` writes a
+    follow-up message to the outbox, in the same transaction.
     """
 
-    __slots__ = ("_log", "_staged", "attempt", "body", "consumer", "message_id", "tenant", "tx")
+    __slots__ = (
+        "_log",
+        "_outbox",
+        "_staged",
+        "attempt",
+        "body",
+        "consumer",
+        "message_id",
+        "tenant",
+        "tx",
+    )
 
     def __init__(
         self,
@@ -33,6 +45,7 @@ class Context:
         attempt: int,
         consumer: str,
         staged: dict[str, list[Sequence[Any]]] | None = None,
+        outbox: Outbox | None = None,
     ) -> None:
         self.tx = tx
         self.body = body
@@ -41,6 +54,7 @@ class Context:
         self.attempt = attempt
         self.consumer = consumer
         self._staged = staged
+        self._outbox = outbox
         self._log: Any = None
 
     @property
@@ -67,6 +81,36 @@ class Context:
             await self.tx.execute(sql, *args)
         else:
             self._staged.setdefault(sql, []).append(args)
+
+    async def emit(
+        self,
+        queue: str,
+        body: Mapping[str, Any] | bytes,
+        *,
+        message_id: str,
+        tenant: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Publish a follow-up message to `queue` if and only if this message's effects commit.
+
+        It is written to the outbox as one of this message's effects (staged
+        like `stage()`), and a relay publishes it after the commit. A handler
+        that raises takes its emits with it; a duplicate, whose handler does
+        not run, emits nothing again. `message_id` should be derived from this
+        message's (`f"{ctx.message_id}:receipt"`), so that the follow-up of a
+        message has one id however often its effects are attempted. `tenant`
+        defaults to this message's.
+        """
+        if self._outbox is None:
+            raise ConfigurationError("emit() needs a Context made by a worker: it has no outbox")
+        args = Outbox.row_args(
+            queue=queue,
+            body=body,
+            message_id=message_id,
+            tenant=self.tenant if tenant is None else tenant,
+            headers=headers,
+        )
+        await self.stage(self._outbox.insert_sql, *args)
 
 
 class Batch:

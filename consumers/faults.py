@@ -18,6 +18,7 @@ class CrashPoint(StrEnum):
     BEFORE_COMMIT = "before_commit"  # handlers ran, the transaction is not committed
     AFTER_COMMIT = "after_commit"  # committed, not yet acknowledged
     AFTER_SEND = "after_send"  # the provider answered; its answer is not yet committed
+    AFTER_PUBLISH = "after_publish"  # the relay's batch is confirmed, not yet marked published
 
 
 class Faults(Protocol):

@@ -93,12 +93,25 @@ class MetricsSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RelaySettings:
+    in_run: bool = False  # `run` relays the outbox too, beside its handlers
+    batch_size: int = 500  # rows claimed (and published at once) per transaction
+    concurrency: int = 2  # batches in flight per relay, each its own transaction
+    poll_interval_s: float = 1.0  # look even without a NOTIFY this often
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.concurrency < 1 or self.poll_interval_s <= 0:
+            raise ValueError("relay batch_size, concurrency and poll interval must be positive")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     amqp: AmqpSettings = field(default_factory=AmqpSettings)
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    relay: RelaySettings = field(default_factory=RelaySettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -134,5 +147,11 @@ class Settings:
             metrics=MetricsSettings(
                 port=int(port) if port else None,
                 host=env.get("IW_METRICS_HOST", "0.0.0.0"),
+            ),
+            relay=RelaySettings(
+                in_run=env.get("IW_RELAY", "0").lower() in ("1", "true", "yes"),
+                batch_size=int(env.get("IW_RELAY_BATCH", "500")),
+                concurrency=int(env.get("IW_RELAY_CONCURRENCY", "2")),
+                poll_interval_s=float(env.get("IW_RELAY_POLL", "1")),
             ),
         )

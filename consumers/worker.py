@@ -37,6 +37,7 @@ from consumers.items import Delivery
 from consumers.metrics import ConsumerMetrics, Metrics
 from consumers.push import PushRunner
 from consumers.runner import Runner
+from consumers.relay import Relay
 from consumers.settings import Settings
 from consumers.spec import HandlerSpec
 from consumers.topology import declare
@@ -118,6 +119,7 @@ class Worker:
         self.pool: asyncpg.Pool | None = None
         self._connection: aio_pika.abc.AbstractRobustConnection | None = None
         self._loops: list[BatchLoop] = []
+        self._relay: Relay | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._stopping = False
@@ -142,6 +144,9 @@ class Worker:
         inbox = Inbox(db.schema)
         for spec in self.app.specs.values():
             await self._start_queue(spec, dispatcher, inbox)
+        if self.settings.relay.in_run:
+            self._relay = Relay(self.settings, faults=self.app.faults)
+            await self._relay.start()
         self._started = True
         log.info(
             "worker_started",
@@ -217,6 +222,8 @@ class Worker:
             unsettled = sum(len(loop.buffer) for loop in self._loops)
             if pending or unsettled:
                 log.warning("shutdown_grace_exceeded", unsettled=unsettled)
+        if self._relay is not None:
+            await _close_logged("relay", self._relay.stop)
         # Everything delivered is settled or left to redelivery by now: a close
         # that fails is logged and the rest still closes.
         if self._connection is not None:

@@ -81,7 +81,10 @@ class Outbox:
             " WHERE published_at IS NULL AND available_at <= now()"
             " ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
         )
-        self._mark = f"UPDATE {table} SET published_at = now() WHERE id = ANY($1::bigint[])"
+        # clock_timestamp(), not now(): when the confirms were in, not when the claim began
+        self._mark = (
+            f"UPDATE {table} SET published_at = clock_timestamp() WHERE id = ANY($1::bigint[])"
+        )
         self._postpone = (
             f"UPDATE {table} o SET attempts = o.attempts + 1, last_error = f.error,"
             " available_at = now() + f.delay * interval '1 second'"

@@ -26,6 +26,8 @@ this module only deletes what is older than it is told, like this:
    those ledger rows until they are.
 6. The send API's idempotency keys go after the same time (a retry later than
    that makes a new message), and its messages too, unless still `queued`.
+7. An outbox row not yet published is kept whatever its age; published
+   ones go by their `created_at`.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class CleanupResult:
     batches: int = 0
     ingress_keys: int = 0
     ingress_messages: int = 0
+    outbox: int = 0  # published outbox rows
 
 
 def _sends_batch(q: str) -> str:
@@ -84,6 +87,16 @@ def _sends_batch(q: str) -> str:
         f"WITH gone AS (DELETE FROM {q}.outbound_sends WHERE ctid = ANY(ARRAY("
         f" SELECT ctid FROM {q}.outbound_sends"
         "  WHERE created_at >= $1 AND created_at < $2 AND status IN ('sent', 'failed')"
+        "  LIMIT $3)) RETURNING created_at)"
+        " SELECT count(*)::int AS deleted, min(created_at) AS oldest FROM gone"
+    )
+
+
+def _outbox_batch(q: str) -> str:
+    return (
+        f"WITH gone AS (DELETE FROM {q}.outbox WHERE ctid = ANY(ARRAY("
+        f" SELECT ctid FROM {q}.outbox"
+        "  WHERE created_at >= $1 AND created_at < $2 AND published_at IS NOT NULL"
         "  LIMIT $3)) RETURNING created_at)"
         " SELECT count(*)::int AS deleted, min(created_at) AS oldest FROM gone"
     )
@@ -151,9 +164,10 @@ async def _sweep(
 ) -> CleanupResult:
     q = quote_ident(schema)
     cutoff = await conn.fetchval("SELECT now() - $1::interval", retention.keep)
-    counts = {"sends": 0, "claims": 0, "keys": 0, "messages": 0, "batches": 0}
+    counts = {"sends": 0, "outbox": 0, "claims": 0, "keys": 0, "messages": 0, "batches": 0}
     for name, sql in (
         ("sends", _sends_batch(q)),
+        ("outbox", _outbox_batch(q)),
         ("claims", _claims_batch(q)),
         ("keys", _ingress_keys_batch(q)),
         ("messages", _ingress_messages_batch(q)),
@@ -188,4 +202,5 @@ def _result(counts: dict[str, int]) -> CleanupResult:
         batches=counts["batches"],
         ingress_keys=counts["keys"],
         ingress_messages=counts["messages"],
+        outbox=counts["outbox"],
     )

@@ -59,6 +59,25 @@ async def test_cleanup_deletes_expired_rows_in_batches_and_keeps_the_rest(
     assert [r["status"] for r in statuses] == ["claimed"]
 
 
+async def test_cleanup_deletes_old_published_outbox_rows_and_keeps_pending_ones(
+    db: DbConnection, schema: str
+) -> None:
+    await db.execute(
+        "INSERT INTO outbox (queue, message_id, body, created_at, published_at)"
+        " SELECT 'q', 'old-published-' || n, '\\x00', now() - interval '8 days',"
+        "  now() - interval '8 days' FROM generate_series(1, 12) n"
+    )
+    await db.execute(
+        "INSERT INTO outbox (queue, message_id, body, created_at, published_at) VALUES"
+        " ('q', 'old-pending', '\\x00', now() - interval '30 days', NULL),"
+        " ('q', 'new-published', '\\x00', now(), now())"
+    )
+    result = await cleanup(db, schema, Retention(batch_size=5))
+    assert result.outbox == 12
+    left = await db.fetch("SELECT message_id FROM outbox ORDER BY message_id")
+    assert [r["message_id"] for r in left] == ["new-published", "old-pending"]
+
+
 async def test_cleanup_command_reports_what_it_deleted(db: DbConnection, schema: str) -> None:
     await _seed(db)
     done = subprocess.run(

@@ -6,7 +6,9 @@ and a queue of its own (dropped after): for each variant, pre-publish
 ack and every message's delivery-to-ack latency; variants interleaved,
 --repeats runs each, medians. Then a paced mode (p99 at half the framework's
 rate, load from another process) and, with --prefill ROWS, the framework
-again over a processed_messages of that many rows.
+again over a processed_messages of that many rows. Last, the sending side
+(`proving.bench.sending`): the publisher one confirm at a time and
+pipelined, and the outbox relay, with its own paced latency.
 
 Everything is measured in the bench process, the same way for every variant
 (`proving.bench.stopwatch`); the last line of the table is the summary:
@@ -35,6 +37,7 @@ from proving.bench.profile import top
 from proving.bench.report import paced_line, prefill_line, summary, table
 from proving.bench.rounds import Rounds, say
 from proving.bench.sandbox import Sandbox
+from proving.bench.sending import sending_bench
 from proving.bench.stopwatch import Stopwatch, Timing
 from proving.bench.variant import Variant
 
@@ -97,12 +100,15 @@ async def bench(options: BenchOptions, settings: Settings) -> int:
                 channel=channel,
                 watch=watch,
             )
-            results = await rounds.rounds(variants, keep_claims=False, phase="run")
+            results = (
+                await rounds.rounds(variants, keep_claims=False, phase="run") if variants else {}
+            )
             wrong += [w for r in results.values() for w in r.wrong]
-            say("")
-            say(table(results))
-            say("")
-            say(summary(results))
+            if results:
+                say("")
+                say(table(results))
+                say("")
+                say(summary(results))
             if rounds.profiles:
                 say(f"profile of {options.profile}: {', '.join(map(str, rounds.profiles))}")
                 say(top(rounds.profiles))
@@ -129,6 +135,8 @@ async def bench(options: BenchOptions, settings: Settings) -> int:
                 )
                 wrong += [w for r in full.values() for w in r.wrong]
                 say(prefill_line(options.prefill, seconds, results, full))
+        say("")
+        wrong += await sending_bench(options, worker_settings, sandbox, admin, channel)
     finally:
         try:
             await sandbox.drop(admin, await connection.channel())

@@ -21,7 +21,12 @@ DEFAULT_VARIANTS = (
     "framework_batch",
     "framework_execute",
     "framework_quiet",
+    "publisher_each",
+    "publisher_pipelined",
+    "relay",
 )
+# The sending side (proving.bench.sending): publishers and the outbox relay.
+SENDING_VARIANTS = ("publisher_each", "publisher_pipelined", "relay")
 PACED_VARIANTS = ("ceiling", "framework", "framework_batch")
 PREFILL_VARIANTS = ("framework", "framework_batch")
 
@@ -72,7 +77,7 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         "--paced-seconds",
         type=float,
         default=10.0,
-        help="p99 latency at half the framework's rate for this long (0: skip)",
+        help="p99 latency at half the framework's (and the relay's) rate for this long (0: skip)",
     )
     parser.add_argument(
         "--prefill",

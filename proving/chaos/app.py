@@ -1,13 +1,16 @@
 """The worker apps the chaos run starts: local effects, poison, and pushes.
 
-    chaos.local    one row in `chaos_effects` per job, staged (executemany)
+    chaos.local    one row in `chaos_effects` per job, staged (executemany), and
+                   a follow-up to chaos.followup emitted with it (`ctx.emit`),
+                   which the run's relay processes publish from the outbox
+    chaos.followup one row in `chaos_followups` per follow-up
     chaos.poison   always raises: retried on short tiers, dead-lettered after
                    POISON_MAX_ATTEMPTS attempts
     chaos.push     (`push_app` only) push jobs through the send ledger to the
                    run's fake APNs and FCM servers; where those listen comes in
                    CHAOS_* variables, read when the worker builds its provider
 
-`chaos_effects` has no unique constraint on purpose: a doubled effect shows
+`chaos_effects` and `chaos_followups` have no unique constraint on purpose: a doubled effect shows
 up as a second row for the same key instead of being hidden by an error.
 """
 
@@ -24,6 +27,7 @@ from proving.faults import SigkillAt
 LOCAL_QUEUE = "chaos.local"
 POISON_QUEUE = "chaos.poison"
 PUSH_QUEUE = "chaos.push"
+FOLLOWUP_QUEUE = "chaos.followup"
 PROVIDER_TIMEOUT_S = 2.0
 PUSH_LEASE_S = 6.0  # above the provider timeout, as `push_handler` requires
 POISON_MAX_ATTEMPTS = 5
@@ -35,7 +39,14 @@ CREATE TABLE IF NOT EXISTS chaos_effects (
     message_id  text NOT NULL,
     worker_pid  integer NOT NULL,
     applied_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE IF NOT EXISTS chaos_followups (
+    id          bigserial PRIMARY KEY,
+    tenant      text NOT NULL,
+    message_id  text NOT NULL,  -- the local job's, whose effect emitted it
+    worker_pid  integer NOT NULL
 )"""
+FOLLOWUP_SUFFIX = ":next"
 
 # The default five attempts, on tiers short enough for a run; the poison queue's tiers are short
 # so that a message that can never succeed is dead-lettered well within 60 s.
@@ -56,6 +67,18 @@ async def apply_local(ctx: Context) -> None:
         ctx.message_id,
         os.getpid(),
     )
+    await ctx.emit(
+        FOLLOWUP_QUEUE, {"of": ctx.message_id}, message_id=ctx.message_id + FOLLOWUP_SUFFIX
+    )
+
+
+async def apply_followup(ctx: Context) -> None:
+    await ctx.stage(
+        "INSERT INTO chaos_followups (tenant, message_id, worker_pid) VALUES ($1, $2, $3)",
+        ctx.tenant,
+        ctx.body["of"],
+        os.getpid(),
+    )
 
 
 async def always_fail(ctx: Context) -> None:
@@ -73,6 +96,7 @@ def _build(*, push: bool) -> App:
     built = App(faults=SigkillAt.from_env(os.environ))  # armed by the chaos fleet
     built.handler(LOCAL_QUEUE, retry=LOCAL_RETRY)(apply_local)
     built.handler(POISON_QUEUE, retry=POISON_RETRY)(always_fail)
+    built.handler(FOLLOWUP_QUEUE, retry=LOCAL_RETRY)(apply_followup)
     if push:
         built.push_handler(
             PUSH_QUEUE, provider=fake_providers, lease_seconds=PUSH_LEASE_S, retry=LOCAL_RETRY

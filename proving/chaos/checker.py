@@ -5,9 +5,11 @@ effect table, dead letters from what the watcher took off the dead-letter
 queues, and stuck messages from the work and retry queues once the workers
 are stopped (so nothing is unacked any more: every message left is ready).
 
-    lost       a planned local job with no effect row
-    doubled    effect rows beyond the first, per key (the claim we test)
-    stuck      messages still in a work queue or a retry tier
+    lost       a planned local job with no effect row, or an effect whose
+               follow-up (emitted with it, published by a relay) never applied
+    doubled    effect or follow-up rows beyond the first, per key
+    stuck      messages still in a work queue or a retry tier, and outbox
+               rows no relay published
 """
 
 from __future__ import annotations
@@ -51,12 +53,19 @@ class Findings:
     reasons: Mapping[str, int]
     lost_sample: Sequence[str]
     doubled_sample: Sequence[str]
+    followups: int = 0  # follow-up rows applied (chaos_followups)
+    followups_lost: int = 0  # effects whose follow-up never applied
+    followups_doubled: int = 0  # follow-up rows beyond one per effect
+    followups_unexpected: int = 0  # follow-ups of keys with no effect
 
     @property
     def ok(self) -> bool:
         return (
             self.lost == 0
             and self.doubled == 0
+            and self.followups_lost == 0
+            and self.followups_doubled == 0
+            and self.followups_unexpected == 0
             and self.stuck == 0
             and self.unexpected == 0
             and self.poison_dead_lettered == self.poison
@@ -83,6 +92,19 @@ async def count_stuck(channel: aio_pika.abc.AbstractChannel, app: App) -> int:
     return total
 
 
+async def count_unpublished(db: DbConnection) -> int:
+    """Outbox rows no relay has marked published."""
+    count: int = await db.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+    return count
+
+
+async def followup_counts(db: DbConnection) -> dict[tuple[str, str], int]:
+    rows = await db.fetch(
+        "SELECT tenant, message_id, count(*) AS c FROM chaos_followups GROUP BY 1, 2"
+    )
+    return {(r["tenant"], r["message_id"]): r["c"] for r in rows}
+
+
 async def effect_counts(db: DbConnection) -> dict[tuple[str, str], int]:
     rows = await db.fetch(
         "SELECT tenant, message_id, count(*) AS c FROM chaos_effects GROUP BY 1, 2"
@@ -98,7 +120,9 @@ def check(
     dead_copies: int,
     first_sent: Mapping[tuple[str, str], float],
     stuck: int,
+    followups: Mapping[tuple[str, str], int] | None = None,
 ) -> Findings:
+    followups = followups or {}
     local = {(j.tenant, j.message_id) for j in jobs if j.kind is JobKind.LOCAL}
     local_ids = {mid for _, mid in local}
     poison = [j for j in jobs if j.kind is JobKind.POISON]
@@ -140,6 +164,10 @@ def check(
         reasons=reasons,
         lost_sample=lost[:10],
         doubled_sample=doubled[:10],
+        followups=sum(followups.values()),
+        followups_lost=sum(1 for key in effects if followups.get(key, 0) == 0),
+        followups_doubled=sum(c - 1 for c in followups.values() if c > 1),
+        followups_unexpected=sum(1 for key in followups if key not in effects),
     )
 
 

@@ -32,6 +32,8 @@ class FaultKind(StrEnum):
     CRASH_BEFORE_COMMIT = "crash_before_commit"  # the worker kills itself there
     CRASH_AFTER_COMMIT = "crash_after_commit"
     CRASH_AFTER_SEND = "crash_after_send"  # the provider answered, not yet recorded
+    RELAY_KILL = "relay_kill"  # a random outbox relay process, SIGKILL
+    CRASH_AFTER_PUBLISH = "crash_after_publish"  # a relay's batch confirmed, not yet marked
     SIGTERM = "sigterm"  # rolling: every worker in turn (counted per worker)
     RABBITMQ_RESTART = "rabbitmq_restart"  # clean stop, start
     RABBITMQ_KILL = "rabbitmq_kill"  # SIGKILL of the Erlang VM, start
@@ -52,7 +54,12 @@ class FaultKind(StrEnum):
     PROVIDER_DROP = "provider_drop"
 
 
-CRASHES = (FaultKind.CRASH_BEFORE_COMMIT, FaultKind.CRASH_AFTER_COMMIT, FaultKind.CRASH_AFTER_SEND)
+CRASHES = (
+    FaultKind.CRASH_BEFORE_COMMIT,
+    FaultKind.CRASH_AFTER_COMMIT,
+    FaultKind.CRASH_AFTER_SEND,
+    FaultKind.CRASH_AFTER_PUBLISH,
+)
 SCRIPTED = (
     FaultKind.PROVIDER_410,
     FaultKind.PROVIDER_429,
@@ -114,8 +121,10 @@ class Injector:
         rng: random.Random,
         journal: Path | None = None,
         drop_http2: Callable[[], None] | None = None,
+        relays: Fleet | None = None,
     ) -> None:
         self.drop_http2 = drop_http2
+        self.relays = relays
         self.journal = journal
         self.fleet = fleet
         self.rabbit = rabbit
@@ -144,8 +153,12 @@ class Injector:
         hit = 1
         if kind is FaultKind.SIGKILL:
             hit = int(self.fleet.sigkill())
+        elif kind is FaultKind.RELAY_KILL:
+            hit = int(self.relays.sigkill()) if self.relays is not None else 0
         elif kind is FaultKind.SIGTERM:
             hit = await self.fleet.rolling_sigterm()
+            if self.relays is not None:
+                hit += await self.relays.rolling_sigterm()
         elif kind in RESTARTS:
             async with self._restart_lock:
                 began = time.monotonic()
@@ -192,10 +205,12 @@ class Injector:
         self.log.affected[FaultKind.COMMIT_CUT] = self.pg_proxy.cuts_done
 
     def record_crashes(self) -> None:
-        for point, n in self.fleet.counts.crashed_at.items():
-            kind = FaultKind(f"crash_{point}")
-            self.log.injected[kind] = n
-            self.log.affected[kind] = n
+        fleets = [self.fleet, *([self.relays] if self.relays is not None else [])]
+        for fleet in fleets:
+            for point, n in fleet.counts.crashed_at.items():
+                kind = FaultKind(f"crash_{point}")
+                self.log.injected[kind] = n
+                self.log.affected[kind] = n
 
     def record_scripts(self, served: Mapping[str, int]) -> None:
         """Provider faults scripted per token count once a fake served them."""

@@ -1,11 +1,12 @@
 """The worker processes of a chaos run, kept alive whatever happens to them.
 
-Each slot runs `python -m consumers run proving.chaos.app:app` against the
-fault proxies. A supervisor restarts a slot's process whenever it exits, and
-records why it exited: killed by the run (SIGKILL), stopped by it (SIGTERM,
-which must exit 0), killed by its own fault injection at a crash point (an
-exit by SIGKILL nobody sent), or failed to start (the broker or the database
-was down at that moment).
+Each slot runs `python -m consumers run proving.chaos.app:app` (or, in the
+relay fleet, `python -m proving.chaos.relay`) against the fault proxies. A
+supervisor restarts a slot's process whenever it exits, and records why it
+exited: killed by the run (SIGKILL), stopped by it (SIGTERM, which must exit
+0), killed by its own fault injection at a crash point (an exit by SIGKILL
+nobody sent), or failed to start (the broker or the database was down at
+that moment).
 
 A process start may be armed: `PROVING_CRASH_AT` and a random
 `PROVING_CRASH_AFTER`, drawn from what is left of the run's quota of
@@ -36,6 +37,7 @@ from proving.keptlogs import TAIL_LINES, keep_log
 log = structlog.get_logger(__name__)
 
 TARGETS = {False: "proving.chaos.app:app", True: "proving.chaos.app:push_app"}
+RELAY_COMMAND = ("proving.chaos.relay",)  # python -m ...
 
 
 def _die_with_parent() -> None:
@@ -78,11 +80,15 @@ class Fleet:
         push: bool = False,
         spread_seconds: float = 0.0,
         slot_env: Sequence[Mapping[str, str]] = (),
+        command: tuple[str, ...] | None = None,
+        name: str = "worker",
     ) -> None:
         self.slot_env = list(slot_env)  # per slot, over `env` (a cluster's address order)
         self.spread_seconds = spread_seconds  # spread the crash quota over this long
         self._started = 0.0
-        self.target = TARGETS[push]
+        # what follows `python -m`: a worker of the chaos app unless told otherwise
+        self.command = command or ("consumers", "run", TARGETS[push])
+        self.name = name
         self.env = dict(env)
         self.log_dir = log_dir
         self.slots = [_Slot(index=n) for n in range(size)]
@@ -186,10 +192,10 @@ class Fleet:
         if slot.armed is not None:
             env["PROVING_CRASH_AT"] = str(slot.armed)
             env["PROVING_CRASH_AFTER"] = str(self.rng.randint(0, self.max_crash_after))
-        log_path = self.log_dir / f"worker-{slot.index}.log"
+        log_path = self.log_dir / f"{self.name}-{slot.index}.log"
         with log_path.open("ab") as out:
             slot.proc = subprocess.Popen(
-                [sys.executable, "-m", "consumers", "run", self.target],
+                [sys.executable, "-m", *self.command],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,

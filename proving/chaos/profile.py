@@ -2,7 +2,8 @@
 
 Counts are per fault kind. For `sigterm` the count is rolling rounds (every
 worker SIGTERMed in turn, so `workers` SIGTERMs a round); the two crash
-points are a quota of kills drawn by worker starts, not timeline events.
+points are a quota of kills drawn by worker starts, not timeline events
+(`crash_after_publish`: by relay starts).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Profile:
     drain_seconds: float = 180.0  # after the load: at most this long to settle
     push_jobs: int = 0  # push publishes on top of `messages` (duplicates included)
     decode_poison: int = 0  # of `messages`: fail outside the handler (proving.chaos.poison)
+    relays: int = 2  # outbox relay processes, publishing the local jobs' follow-ups
 
 
 CI = Profile(
@@ -57,6 +59,8 @@ CI = Profile(
         K.COMMIT_CUT: 12,
         K.CRASH_AFTER_SEND: 12,
         K.HTTP2_DROP: 6,
+        K.RELAY_KILL: 8,
+        K.CRASH_AFTER_PUBLISH: 8,
     },
 )
 
@@ -88,6 +92,8 @@ FULL = Profile(
         K.COMMIT_CUT: 30,
         K.CRASH_AFTER_SEND: 40,
         K.HTTP2_DROP: 20,
+        K.RELAY_KILL: 30,
+        K.CRASH_AFTER_PUBLISH: 20,
     },
 )
 

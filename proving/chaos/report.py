@@ -26,13 +26,20 @@ class PushFigures:
     crashes_in_send: int = 0
 
 
+_RELAY_KILLS = (FaultKind.RELAY_KILL, FaultKind.CRASH_AFTER_PUBLISH)
+
+
 def summary_line(findings: Findings, faults: FaultLog, push: PushFigures) -> str:
     kills = sum(faults.injected[k] for k in _KILLS)
     restarts = sum(faults.injected[k] for k in RESTARTS)
+    lost = findings.lost + findings.followups_lost
+    doubled = findings.doubled + findings.followups_doubled
     return (
         f"chaos: messages={findings.messages} faults={sum(faults.injected.values())}"
-        f" kills={kills} restarts={restarts} lost={findings.lost}"
-        f" doubled={findings.doubled} stuck={findings.stuck} pushes={push.pushes}"
+        f" kills={kills} relay_kills={sum(faults.injected[k] for k in _RELAY_KILLS)}"
+        f" restarts={restarts} lost={lost}"
+        f" doubled={doubled} stuck={findings.stuck} followups={findings.followups}"
+        f" pushes={push.pushes}"
         f" extra_pushes={push.extra_pushes} crashes_in_send={push.crashes_in_send}"
         f" dead_lettered={findings.dead_lettered} max_attempts={findings.max_attempts}"
         f" decode_poison={findings.decode_poison_dead_lettered}"
@@ -59,6 +66,10 @@ def details(findings: Findings, fleet: FleetCounts, published: int, republished:
         ("distinct local jobs", findings.unique_local),
         ("effect rows", findings.effects),
         ("unexpected effect keys", findings.unexpected),
+        ("follow-ups applied (emitted, relayed)", findings.followups),
+        ("effects whose follow-up is lost", findings.followups_lost),
+        ("follow-ups doubled", findings.followups_doubled),
+        ("follow-ups of no effect", findings.followups_unexpected),
         ("local jobs dead-lettered", findings.local_dead_lettered),
         ("poison dead-lettered", f"{findings.poison_dead_lettered}/{findings.poison}"),
         (

@@ -1,7 +1,8 @@
 """One chaos run: private services, proxies, workers, load, faults, then a count.
 
     start a private RabbitMQ node and PostgreSQL cluster (never the shared ones)
-    put a fault proxy in front of each; workers connect only through those
+    put a fault proxy in front of each; workers and outbox relays connect only
+    through those
     publish the workload over the load phase while the injector fires faults
     stop the faults, let the workers drain, stop them
     count from the effect table, the dead-letter queues and the queue depths
@@ -33,10 +34,17 @@ from consumers.settings import AmqpSettings
 from consumers.topology import declare
 from dedupe import migrate
 from proving.chaos.app import EFFECTS_TABLE, PUSH_QUEUE, app, push_app
-from proving.chaos.checker import Findings, check, count_stuck, effect_counts
+from proving.chaos.checker import (
+    Findings,
+    check,
+    count_stuck,
+    count_unpublished,
+    effect_counts,
+    followup_counts,
+)
 from proving.chaos.deadletters import DeadLetterWatcher
 from proving.chaos.faults import FaultKind, FaultLog, Injector, timeline
-from proving.chaos.fleet import Fleet, FleetCounts
+from proving.chaos.fleet import RELAY_COMMAND, Fleet, FleetCounts
 from proving.chaos.profile import Profile
 from proving.chaos.proxy import FaultProxy
 from proving.chaos.pushes import (
@@ -109,6 +117,12 @@ class _Probe:
             self.conn = None
             return None
 
+    async def distinct_followups(self) -> int | None:
+        return await self._count("SELECT count(DISTINCT (tenant, message_id)) FROM chaos_followups")
+
+    async def unpublished(self) -> int | None:
+        return await self._count("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+
     async def distinct_effects(self) -> int | None:
         return await self._count("SELECT count(DISTINCT (tenant, message_id)) FROM chaos_effects")
 
@@ -141,16 +155,15 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
     amqp_proxy = FaultProxy("amqp", free_port(), rabbit.port, seed=seed)
     pg_proxy = FaultProxy("postgresql", free_port(), postgres.port, seed=seed + 1)
     (workdir / "logs").mkdir()
+    services_env = {
+        "AMQP_URL": f"amqp://guest:guest@127.0.0.1:{amqp_proxy.port}/",
+        "DATABASE_URL": f"postgresql://postgres@127.0.0.1:{pg_proxy.port}/postgres",
+        "DATABASE_SCHEMA": "public",
+        "IW_SHUTDOWN_GRACE": "10",
+    }
     fleet = Fleet(
         size=profile.workers,
-        env={
-            "AMQP_URL": f"amqp://guest:guest@127.0.0.1:{amqp_proxy.port}/",
-            "DATABASE_URL": f"postgresql://postgres@127.0.0.1:{pg_proxy.port}/postgres",
-            "DATABASE_SCHEMA": "public",
-            "IW_PREFETCH": "200",
-            "IW_MAX_BATCH": "100",
-            "IW_SHUTDOWN_GRACE": "10",
-        },
+        env={**services_env, "IW_PREFETCH": "200", "IW_MAX_BATCH": "100"},
         log_dir=workdir / "logs",
         crash_quota={
             CrashPoint.BEFORE_COMMIT: profile.faults.get(FaultKind.CRASH_BEFORE_COMMIT, 0),
@@ -161,6 +174,22 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         rng=rng,
         push=profile.push_jobs > 0,
         spread_seconds=profile.load_seconds * 0.9,
+    )
+    # The local jobs' follow-ups go out through the outbox, published by
+    # relay processes of their own; some relay starts are armed to kill
+    # themselves between a confirmed publish and its mark.
+    relays = Fleet(
+        size=profile.relays,
+        env={**services_env, "IW_RELAY_BATCH": "100"},
+        log_dir=workdir / "logs",
+        crash_quota={
+            CrashPoint.AFTER_PUBLISH: profile.faults.get(FaultKind.CRASH_AFTER_PUBLISH, 0)
+        },
+        max_crash_after=profile.max_crash_after,
+        rng=rng,
+        spread_seconds=profile.load_seconds * 0.9,
+        command=RELAY_COMMAND,
+        name="relay",
     )
     target = push_app if profile.push_jobs else app
     jobs = plan(
@@ -188,6 +217,7 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         rng=rng,
         journal=workdir / "faults.log",
         drop_http2=fakes.drop_connections if fakes else None,
+        relays=relays,
     )
     ok = False
     stack = contextlib.AsyncExitStack()
@@ -206,6 +236,7 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
             f" proxies :{amqp_proxy.port}, :{pg_proxy.port}"
         )
         fleet.start()
+        relays.start()
         watcher.start()
         events = timeline(profile.faults, profile.load_seconds, rng)
         say(
@@ -213,7 +244,8 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
             f" {profile.malformed} malformed, {profile.decode_poison} decode poison,"
             f" {len(push_jobs)} push jobs to {len(devices)}"
             f" devices) over {profile.load_seconds:.0f} s;"
-            f" {len(events)} scheduled faults, {profile.workers} workers"
+            f" {len(events)} scheduled faults, {profile.workers} workers,"
+            f" {profile.relays} outbox relays"
         )
 
         async def progress() -> None:
@@ -222,7 +254,8 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
                 done = await probe.distinct_effects()
                 say(
                     f"t={time.monotonic() - started:.0f}s published={publisher.published}"
-                    f" effects={done} dead_letters={len(watcher.seen)}"
+                    f" effects={done} followups={await probe.distinct_followups()}"
+                    f" dead_letters={len(watcher.seen)}"
                     f" faults={sum(injector.log.injected.values())}"
                     f" crashes={dict(fleet.counts.crashed_at)} workers={len(fleet.alive())}"
                 )
@@ -236,6 +269,7 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
             say(f"load and faults done at t={time.monotonic() - started:.0f}s; draining")
             pg_proxy.disarm()
             await fleet.disarm()
+            await relays.disarm()
             await _drain(
                 probe,
                 watcher,
@@ -251,6 +285,7 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         injector.record_cuts()
         injector.record_crashes()
         await fleet.stop()
+        await relays.stop()
         await watcher.stop()
         await watcher.drain()
         connection = await aio_pika.connect(rabbit.url)
@@ -261,6 +296,8 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         conn = await asyncpg.connect(postgres.url)
         try:
             effects = await effect_counts(conn)
+            followups = await followup_counts(conn)
+            stuck += await count_unpublished(conn)
             status = await ledger_status(conn)
         finally:
             await conn.close()
@@ -274,6 +311,7 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
             dead_copies=watcher.copies,
             first_sent=publisher.first_sent,
             stuck=stuck,
+            followups=followups,
         )
         ok = findings.ok and (push is None or push.ok)
         return Outcome(
@@ -288,6 +326,7 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         )
     finally:
         fleet.kill_now()
+        relays.kill_now()
         await stack.aclose()
         await probe.close()
         await watcher.stop()
@@ -325,6 +364,10 @@ async def _drain(
             empty_since = None
             continue
         if devices and await probe.unsettled_pushes(devices) != 0:
+            empty_since = None
+            continue
+        followups = await probe.distinct_followups()
+        if followups is None or followups < done or await probe.unpublished() != 0:
             empty_since = None
             continue
         try:

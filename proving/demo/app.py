@@ -1,5 +1,10 @@
 """The demo's workers: one order-shipped effect per job, and push notifications.
 
+Every tenth order also emits a follow-up push job ("your order shipped") with
+`ctx.emit`: written to the outbox in the effect's transaction, published by
+the relay the workers run beside their handlers (IW_RELAY=1), sent by the
+push queue's handler. The chain holds end to end: one push per order effect.
+
 `demo_effects` has no unique constraint on purpose, so the demo's report
 would show a doubled effect as two rows rather than hide it behind an error.
 The push queue sends to the local fake APNs and FCM servers the demo starts;
@@ -10,12 +15,14 @@ when the worker builds its provider, not at import.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from consumers.app import App
 from consumers.context import Context
+from consumers.push_job import push_job_body
 from consumers.spec import DeadToken
 from dedupe import DbConnection
-from providers import Provider
+from providers import Platform, Provider, Target
 
 QUEUE = "demo.orders.shipped"
 PUSH_QUEUE = "demo.notifications"
@@ -30,6 +37,28 @@ async def record_shipment(ctx: Context) -> None:
         ctx.tenant,
         ctx.message_id,
         ctx.body["order_id"],
+    )
+    order_id = ctx.body["order_id"]
+    if follows_up(order_id):
+        await ctx.emit(
+            PUSH_QUEUE,
+            follow_up_body(order_id),
+            message_id=f"{ctx.message_id}:push",  # one id per order, however often it is tried
+        )
+
+
+def follows_up(order_id: int) -> bool:
+    """Orders whose effect emits a follow-up push job."""
+    return order_id % 10 == 0
+
+
+def follow_up_body(order_id: int) -> dict[str, Any]:
+    platform = (Platform.IOS, Platform.ANDROID, Platform.WEB)[order_id % 3]
+    return push_job_body(
+        targets=[Target(platform=platform, token=f"followup-{order_id:06d}")],
+        title="Shipped",
+        body=f"Order {order_id} is on its way",
+        data={"order": str(order_id)},
     )
 
 

@@ -29,7 +29,7 @@ from consumers.retry import dead_letter_queue
 from consumers.settings import Settings
 from consumers.topology import declare, delete
 from dedupe import migrate
-from proving.demo.app import PUSH_QUEUE, QUEUE, app
+from proving.demo.app import PUSH_QUEUE, QUEUE, app, follows_up
 from proving.demo.pushes import DemoFakes, plan_pushes, push_report, settled_targets
 
 DEMO_DATABASE = "idempotent_workers_demo"
@@ -181,10 +181,18 @@ async def run_demo(
     well_formed = [j for j in planned if j.kind != "malformed"]
     unique = {(j.tenant, j.message_id) for j in well_formed}
     expected_dead = sum(1 for j in planned if j.kind in ("reused", "malformed"))
+    # One follow-up push job per such order, emitted with its effect (proving.demo.app).
+    follow_ups = {
+        f"{j.message_id}:push"
+        for j in well_formed
+        if j.kind == "original" and follows_up(json.loads(j.body)["order_id"])
+    }
+    push_plan = replace(push_plan, targets=push_plan.targets + len(follow_ups))
     print(
         f"demo: {len(planned)} jobs planned: {len(unique)} distinct orders, "
         f"{Counter(j.kind for j in planned)}; {len(push_plan.jobs)} push jobs for "
-        f"{push_plan.targets} devices ({len(push_plan.dead_tokens)} of them dead)"
+        f"{push_plan.targets} devices ({len(push_plan.dead_tokens)} of them dead), "
+        f"{len(follow_ups)} of them follow-ups the order handler emits"
     )
 
     db_url = await _prepare_database(settings)
@@ -204,6 +212,7 @@ async def run_demo(
         "DATABASE_URL": db_url,
         "DATABASE_SCHEMA": "public",
         "IW_SHUTDOWN_GRACE": "20",
+        "IW_RELAY": "1",  # each worker relays the outbox too: two relays share it
         **fakes.worker_env(),
     }
     pool = Workers(env, log_dir)
@@ -271,6 +280,7 @@ async def run_demo(
             "SELECT tenant, message_id, count(*) AS c FROM demo_effects GROUP BY 1, 2"
         )
         report = await push_report(db, fakes, push_plan)
+        outbox = await outbox_report(db, follow_ups)
     finally:
         pool.stop_all()
         await db.close()
@@ -305,6 +315,9 @@ async def run_demo(
     print(f"{'provider ids recorded':<36}{report.provider_ids_recorded:>10}")
     print(f"{'extra pushes at the fakes':<36}{report.extra_pushes:>10}")
     print(f"{'  of them with another collapse id':<36}{report.extra_with_other_collapse_id:>10}")
+    print(f"{'follow-ups emitted to the outbox':<36}{outbox.enqueued:>10}")
+    print(f"{'  published by the relays':<36}{outbox.published:>10}")
+    print(f"{'  pushed (ledger settled)':<36}{outbox.emitted:>10}")
     print(f"{'workers SIGKILLed':<36}{pool.kills:>10}")
     print(f"{'lost':<36}{lost:>10}")
     print(f"{'doubled':<36}{doubled:>10}")
@@ -317,7 +330,11 @@ async def run_demo(
         f"pushes={report.sent} provider_ids_recorded={report.provider_ids_recorded} "
         f"extra_pushes={report.extra_pushes}"
     )
-    ok = lost == 0 and doubled == 0 and effects == len(unique) and report.ok
+    print(
+        f"outbox: enqueued={outbox.enqueued} published={outbox.published} "
+        f"emitted={outbox.emitted} lost={outbox.lost}"
+    )
+    ok = lost == 0 and doubled == 0 and effects == len(unique) and report.ok and outbox.ok
     return 0 if ok else 1
 
 
@@ -328,6 +345,39 @@ def _message(job: Job) -> aio_pika.Message:
         content_type="application/json",
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         headers={"x-tenant": job.tenant} if job.tenant else None,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboxReport:
+    expected: int  # follow-ups the plan's orders should emit, once each
+    enqueued: int  # outbox rows: one per committed effect that emits
+    published: int  # of them marked published by a relay (after the broker's confirm)
+    emitted: int  # follow-ups that reached the push handler and were settled in the ledger
+    lost: int  # expected follow-ups with no settled push
+
+    @property
+    def ok(self) -> bool:
+        return self.enqueued == self.published == self.emitted == self.expected
+
+
+async def outbox_report(
+    db: asyncpg.Connection[asyncpg.Record], follow_ups: set[str]
+) -> OutboxReport:
+    """Read from the outbox table and the send ledger, never from the workers."""
+    settled = {
+        r["message_id"]
+        for r in await db.fetch(
+            "SELECT DISTINCT message_id FROM outbound_sends"
+            " WHERE message_id LIKE '%:push' AND status IN ('sent', 'failed')"
+        )
+    }
+    return OutboxReport(
+        expected=len(follow_ups),
+        enqueued=await db.fetchval("SELECT count(*) FROM outbox"),
+        published=await db.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL"),
+        emitted=len(settled & follow_ups),
+        lost=len(follow_ups - settled),
     )
 
 

@@ -1,0 +1,245 @@
+"""The outbox relay, top to bottom: claim -> publish -> confirm -> mark -> commit.
+
+The guarantee: every row committed to the outbox is published with its own
+message_id and body, at least once, and is marked published only after the
+broker confirmed it. Read `Relay.relay_batch`:
+
+1. BEGIN; claim up to `batch_size` pending rows, oldest first, with
+   `FOR UPDATE SKIP LOCKED`: other relays skip the rows we hold and we skip
+   theirs, so any number of relays share the work and none holds a row twice;
+2. publish every claimed row through the `Publisher` (mandatory, confirms,
+   retried with the same message, all of them in flight at once); each
+   publish resolves on its own confirm;
+3. mark the confirmed rows published; leave the ones that failed
+   (`Unroutable`, `NotConfirmed`) pending, postponed with backoff;
+4. COMMIT. From here the marks are durable and no relay publishes them again.
+
+A relay that dies anywhere before 4 (SIGKILL, a lost connection) takes its
+transaction with it: the locks go, the rows are pending again, and the next
+claim publishes them once more, with the same message_id. The consumer's
+dedupe key absorbs that copy, so effects downstream still happen once. This
+is at-least-once on the broker, exactly-once in effect. There is no
+`id > last_seen` cursor: every claim asks for whatever is pending, so the rows
+of a transaction that commits late are not skipped.
+
+When to look: a trigger NOTIFYs `idempotent_workers_outbox` (payload: the
+schema) when an inserting transaction commits; a relay LISTENs, and also
+polls every `poll_interval_s` in case a notification was missed (the
+listening connection lost, a relay started after the commit). A full batch is
+followed by the next one at once.
+
+Ordering: rows are claimed oldest first, but `concurrency` batches (and other
+relays) run side by side and a failed publish is retried later, so no order
+is promised, per key or otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import signal
+from dataclasses import dataclass
+
+import aio_pika
+import asyncpg
+import structlog
+
+from consumers.connection import connect
+from consumers.faults import NO_FAULTS, CrashPoint, Faults
+from consumers.publisher import Job, Publisher, PublisherError, PublisherSettings, Unroutable
+from consumers.settings import RelaySettings, Settings
+from dedupe import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure, check_schema, quote_ident
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchResult:
+    claimed: int
+    published: int
+    failed: int
+
+
+class Relay:
+    """Publishes the outbox of one schema until `stop()`."""
+
+    def __init__(self, settings: Settings, *, faults: Faults = NO_FAULTS) -> None:
+        self.settings = settings
+        self.relay_settings: RelaySettings = settings.relay
+        self.outbox = Outbox(settings.database.schema)
+        self.faults = faults
+        self.published = 0  # rows marked published by this relay
+        self._pool: asyncpg.Pool | None = None
+        self._listener: asyncpg.Connection[asyncpg.Record] | None = None
+        self._connection: aio_pika.abc.AbstractRobustConnection | None = None
+        self._publisher: Publisher | None = None
+        self._wake = asyncio.Event()
+        self._listen_lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- one batch: the guarantee ----------------------------------------
+
+    async def relay_batch(self) -> BatchResult:
+        """Claim, publish, mark and commit one batch of pending rows."""
+        assert self._pool is not None and self._publisher is not None
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await self.outbox.claim(conn, self.relay_settings.batch_size)  # 1.
+            if not rows:
+                return BatchResult(claimed=0, published=0, failed=0)
+            errors = await self._publisher.publish_many([_job(r) for r in rows])  # 2.
+            self.faults.reached(CrashPoint.AFTER_PUBLISH)
+            confirmed = [r.id for r, e in zip(rows, errors, strict=True) if e is None]
+            failures = [
+                _postponed(r, e) for r, e in zip(rows, errors, strict=True) if e is not None
+            ]
+            await self.outbox.mark_published(conn, confirmed)  # 3.
+            await self.outbox.postpone(conn, failures)
+        # 4. committed: the marks are durable, these rows are done.
+        self.published += len(confirmed)
+        for failure in failures:
+            log.warning("outbox_publish_failed", row=failure.id, error=failure.error)
+        return BatchResult(claimed=len(rows), published=len(confirmed), failed=len(failures))
+
+    # -- around it: when to run a batch ------------------------------------
+
+    async def _loop(self, n: int) -> None:
+        """Run batches while there is work; between, wait for a NOTIFY or the poll."""
+        failures = 0
+        while not self._stopping.is_set():
+            self._wake.clear()  # before the claim: a commit after it wakes us again
+            try:
+                result = await self.relay_batch()
+                failures = 0
+            except Exception as exc:
+                # Nothing is lost: the transaction rolled back, the rows are pending.
+                failures += 1
+                delay = random.uniform(0, min(5.0, 0.1 * 2**failures))
+                log.warning("relay_batch_failed", loop=n, error=repr(exc), delay_s=round(delay, 3))
+                await self._sleep(delay)
+                continue
+            if result.claimed < self.relay_settings.batch_size:
+                await self._idle()
+
+    async def _idle(self) -> None:
+        await self._ensure_listening()
+        wake = asyncio.create_task(self._wake.wait())
+        stop = asyncio.create_task(self._stopping.wait())
+        try:
+            await asyncio.wait(
+                {wake, stop},
+                timeout=self.relay_settings.poll_interval_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            wake.cancel()
+            stop.cancel()
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        if payload == self.outbox.schema:
+            self._wake.set()
+
+    async def _ensure_listening(self) -> None:
+        """(Re)open the LISTEN connection; without it the relay still polls."""
+        async with self._listen_lock:
+            if self._listener is not None and not self._listener.is_closed():
+                return
+            try:
+                listener = await asyncpg.connect(self.settings.database.url, timeout=10)
+                await listener.add_listener(NOTIFY_CHANNEL, self._notified)
+            except Exception as exc:
+                log.warning("relay_listen_failed", error=repr(exc))
+                return
+            self._listener = listener
+            self._wake.set()  # anything committed while we were not listening
+
+    # -- life cycle ----------------------------------------------------------
+
+    async def start(self) -> None:
+        db = self.settings.database
+        rs = self.relay_settings
+        self._pool = await asyncpg.create_pool(
+            db.url,
+            min_size=rs.concurrency,
+            max_size=rs.concurrency,
+            server_settings={"search_path": f"{quote_ident(db.schema)}, public"},
+        )
+        async with self._pool.acquire() as conn:
+            await check_schema(conn, db.schema)
+        self._connection = await connect(self.settings.amqp.urls, name="idempotent-workers relay")
+        channel = await self._connection.channel(publisher_confirms=True)
+        self._publisher = Publisher(
+            channel, PublisherSettings(window=max(rs.batch_size * rs.concurrency, 1))
+        )
+        await self._ensure_listening()
+        self._tasks = [
+            asyncio.create_task(self._loop(n), name=f"relay:{n}") for n in range(rs.concurrency)
+        ]
+        log.info(
+            "relay_started",
+            schema=db.schema,
+            batch_size=rs.batch_size,
+            concurrency=rs.concurrency,
+            poll_interval_s=rs.poll_interval_s,
+        )
+
+    async def stop(self) -> None:
+        """Finish the batches in flight (within the grace), then close."""
+        self._stopping.set()
+        if self._tasks:
+            _, pending = await asyncio.wait(
+                self._tasks, timeout=self.settings.worker.shutdown_grace_seconds
+            )
+            for task in pending:
+                task.cancel()  # its transaction rolls back: the rows stay pending
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener.close()
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                await self._connection.close()
+        if self._pool is not None:
+            with contextlib.suppress(Exception):
+                await self._pool.close()
+        log.info("relay_stopped", schema=self.settings.database.schema, published=self.published)
+
+
+async def run_relay(settings: Settings, *, faults: Faults = NO_FAULTS) -> int:
+    """Relay until SIGTERM or SIGINT; the batches in flight finish first. Exit status 0."""
+    relay = Relay(settings, faults=faults)
+    stop_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_requested.set)
+    try:
+        await relay.start()
+        await stop_requested.wait()
+    finally:
+        await relay.stop()
+    return 0
+
+
+def _job(row: OutboxRow) -> Job:
+    return Job(
+        queue=row.queue,
+        body=row.body,
+        message_id=row.message_id,
+        tenant=row.tenant,
+        headers=row.headers or None,
+    )
+
+
+def _postponed(row: OutboxRow, error: PublisherError) -> PublishFailure:
+    """Back off per row: full jitter over 1 s * 2**attempts, at most 60 s."""
+    kind = "unroutable" if isinstance(error, Unroutable) else "not_confirmed"
+    return PublishFailure(
+        id=row.id,
+        error=f"{kind}: {error}",
+        retry_after_s=random.uniform(0, min(60.0, 2.0**row.attempts)),
+    )
