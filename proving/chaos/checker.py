@@ -22,7 +22,7 @@ import aio_pika
 from consumers.app import App
 from consumers.retry import tier_queue
 from dedupe import DbConnection
-from proving.chaos.app import POISON_MAX_ATTEMPTS, POISON_QUEUE
+from proving.chaos.app import POISON_MAX_ATTEMPTS, POISON_QUEUE, follows_up
 from proving.chaos.deadletters import DeadLetter
 from proving.chaos.workload import Job, JobKind
 
@@ -165,9 +165,13 @@ def check(
         lost_sample=lost[:10],
         doubled_sample=doubled[:10],
         followups=sum(followups.values()),
-        followups_lost=sum(1 for key in effects if followups.get(key, 0) == 0),
+        followups_lost=sum(
+            1 for key in effects if follows_up(key[1]) and followups.get(key, 0) == 0
+        ),
         followups_doubled=sum(c - 1 for c in followups.values() if c > 1),
-        followups_unexpected=sum(1 for key in followups if key not in effects),
+        followups_unexpected=sum(
+            1 for key in followups if key not in effects or not follows_up(key[1])
+        ),
     )
 
 

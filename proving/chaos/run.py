@@ -33,7 +33,7 @@ from consumers.faults import CrashPoint
 from consumers.settings import AmqpSettings
 from consumers.topology import declare
 from dedupe import migrate
-from proving.chaos.app import EFFECTS_TABLE, PUSH_QUEUE, app, push_app
+from proving.chaos.app import EFFECTS_TABLE, PUSH_QUEUE, app, follows_up, push_app
 from proving.chaos.checker import (
     Findings,
     check,
@@ -277,6 +277,9 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
                 target,
                 unique_local=unique_local,
                 expected_dead=expected_dead,
+                expected_followups=sum(
+                    1 for j in jobs if j.kind is JobKind.LOCAL and follows_up(j.message_id)
+                ),
                 devices=len(devices),
                 seconds=profile.drain_seconds,
             )
@@ -351,6 +354,7 @@ async def _drain(
     *,
     unique_local: int,
     expected_dead: int,
+    expected_followups: int,
     devices: int,
     seconds: float,
 ) -> None:
@@ -367,7 +371,7 @@ async def _drain(
             empty_since = None
             continue
         followups = await probe.distinct_followups()
-        if followups is None or followups < done or await probe.unpublished() != 0:
+        if followups is None or followups < expected_followups or await probe.unpublished() != 0:
             empty_since = None
             continue
         try:
