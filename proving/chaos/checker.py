@@ -122,6 +122,8 @@ def check(
     stuck: int,
     followups: Mapping[tuple[str, str], int] | None = None,
 ) -> Findings:
+    """`followups` None: a run without relays, whose follow-ups are not counted."""
+    counted = followups is not None
     followups = followups or {}
     local = {(j.tenant, j.message_id) for j in jobs if j.kind is JobKind.LOCAL}
     local_ids = {mid for _, mid in local}
@@ -166,7 +168,7 @@ def check(
         doubled_sample=doubled[:10],
         followups=sum(followups.values()),
         followups_lost=sum(
-            1 for key in effects if follows_up(key[1]) and followups.get(key, 0) == 0
+            1 for key in effects if counted and follows_up(key[1]) and followups.get(key, 0) == 0
         ),
         followups_doubled=sum(c - 1 for c in followups.values() if c > 1),
         followups_unexpected=sum(
