@@ -36,8 +36,8 @@ from consumers.isolation import run_isolating
 from consumers.items import Delivery
 from consumers.metrics import ConsumerMetrics, Metrics
 from consumers.push import PushRunner
-from consumers.runner import Runner
 from consumers.relay import Relay
+from consumers.runner import Runner
 from consumers.settings import Settings
 from consumers.spec import HandlerSpec
 from consumers.topology import declare
