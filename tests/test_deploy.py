@@ -14,6 +14,7 @@ import argparse
 import json
 import re
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,8 @@ from consumers.settings import Settings
 from dedupe import TableStats
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-# Commands the deploy files use that other work is adding to the CLI.
-PENDING_COMMANDS = {"relay", "serve"}
+# Commands the deploy files use that other work is still adding to the CLI.
+PENDING_COMMANDS = {"relay"}
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
@@ -184,10 +185,16 @@ def test_the_image_runs_the_wheel_as_a_non_root_user() -> None:
     assert env_port is not None
     assert f"EXPOSE {env_port.group(1)}" in final
     assert any(LIVENESS_PATH in line for line in final)
+    copied = set()
     for line in lines:  # what it copies from the repository is there
         if line.startswith("COPY ") and "--from" not in line:
             for source in line.split()[1:-1]:
                 assert (DEPLOY.parent / source).exists(), source
+                copied.add(source)
+    # ...and it is every package the wheel is built from.
+    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    assert packages <= copied, packages - copied
 
 
 def test_the_example_app_the_image_runs_loads(monkeypatch: pytest.MonkeyPatch) -> None:
