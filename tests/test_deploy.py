@@ -195,6 +195,11 @@ def test_the_image_runs_the_wheel_as_a_non_root_user() -> None:
     project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
     packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert packages <= copied, packages - copied
+    # ...with the extras the compose services need (push providers, the send API).
+    extras = re.search(r"\.whl\)\[([a-z,]+)\]", "\n".join(final))
+    assert extras is not None
+    assert {"push", "serve"} <= set(extras.group(1).split(","))
+    assert {"push", "serve"} <= set(project["project"]["optional-dependencies"])
 
 
 def test_the_example_app_the_image_runs_loads(monkeypatch: pytest.MonkeyPatch) -> None:
