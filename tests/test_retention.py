@@ -10,13 +10,13 @@ import aio_pika
 import asyncpg
 import pytest
 
-from consumers import HandlerSpec, RetryPolicy
+from consumers import HandlerSpec, Publisher, RetryPolicy
 from consumers.horizon import retention_need, retry_horizon
 from consumers.settings import RetentionSettings
 from dedupe import CleanerBusy, DbConnection, Retention, cleanup
 from tests.apps.effects import FAST_RETRY
-from tests.conftest import DATABASE_URL, Spawn
-from tests.support import ROOT, wait_for
+from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
+from tests.support import ROOT, wait_declared, wait_for
 
 
 async def _seed(db: DbConnection) -> None:
@@ -163,7 +163,9 @@ async def test_a_second_cleaner_says_so_and_exits_0(db: DbConnection, schema: st
     assert "processed_messages=25" in done.stdout
 
 
-async def test_run_cleans_up_periodically_when_asked(db: DbConnection, spawn: Spawn) -> None:
+async def test_run_cleans_up_periodically_when_asked(
+    db: DbConnection, spawn: Spawn, publisher: Publisher, queue_name: str
+) -> None:
     await _seed(db)
     worker = spawn({"IW_CLEANUP_INTERVAL": "0.5"})
 
@@ -171,6 +173,14 @@ async def test_run_cleans_up_periodically_when_asked(db: DbConnection, spawn: Sp
         return bool(await db.fetchval("SELECT count(*) FROM processed_messages") == 6)
 
     await wait_for(cleaned, timeout=60)
+    # The cleaner runs beside the start: see the worker consume before stopping it.
+    await wait_declared(AMQP_URL, queue_name)
+    await publisher.publish(queue_name, {"n": 1}, message_id="after-cleanup")
+
+    async def consumed() -> bool:
+        return bool(await db.fetchval("SELECT count(*) FROM effects") == 1)
+
+    await wait_for(consumed, timeout=60)
     worker.terminate()
     await worker.expect_exit(0)
     assert '"event":"cleanup_done"' in worker.log_text()
