@@ -67,7 +67,7 @@ wheel: install services
 	$(PY) -m build --wheel --outdir dist .
 	python3 -m venv .wheel-venv
 	.wheel-venv/bin/python -m pip install --quiet --upgrade pip
-	.wheel-venv/bin/python -m pip install --quiet "$$(ls dist/*.whl)[push]"
+	.wheel-venv/bin/python -m pip install --quiet "$$(ls dist/*.whl)[push,serve,client]"
 	cd /tmp && $(CURDIR)/.wheel-venv/bin/idempotent-workers demo --jobs 1000 --pushes 100
 
 clean:
