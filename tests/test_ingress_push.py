@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
-import aio_pika
 import asyncpg
 import httpx
 import pytest
 
 from consumers import Settings, push_job_body
+from consumers.relay import Relay
 from dedupe import Messages
 from ingress.settings import IngressSettings
 from providers import Platform, Target
@@ -45,25 +45,15 @@ async def http(served: Served) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-async def relay(harness: Harness) -> int:
-    """Publish the pending outbox rows as the relay does: same message_id, tenant, headers."""
-    rows = await harness.db.fetch(
-        "SELECT id, queue, tenant, message_id, headers, body FROM outbox"
-        " WHERE published_at IS NULL ORDER BY id"
-    )
-    for row in rows:
-        headers = {**json.loads(row["headers"] or "{}"), "x-tenant": row["tenant"]}
-        await harness.publish_message(
-            aio_pika.Message(
-                bytes(row["body"]),
-                message_id=row["message_id"],
-                content_type="application/json",
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers=headers,
-            )
-        )
-        await harness.db.execute("UPDATE outbox SET published_at = now() WHERE id = $1", row["id"])
-    return len(rows)
+@asynccontextmanager
+async def relaying(harness: Harness) -> AsyncIterator[Relay]:
+    """The outbox relay publishing the accepted jobs, as `idempotent-workers relay` does."""
+    relay = Relay(harness.settings)
+    await relay.start()
+    try:
+        yield relay
+    finally:
+        await relay.stop()
 
 
 async def test_cancelled_job_sends_nothing(
@@ -71,8 +61,7 @@ async def test_cancelled_job_sends_nothing(
 ) -> None:
     message = (await http.post("/v1/messages", json={**JOB, "idempotency_key": "k"})).json()["id"]
     assert (await http.post(f"/v1/messages/{message}/cancel")).status_code == 200
-    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)):
-        assert await relay(harness) == 1
+    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)), relaying(harness):
         await harness.wait_outcome("message_cancelled", 1)
     assert fake_apns.requests == [] and fake_fcm.requests == []
     view = (await http.get(f"/v1/messages/{message}")).json()
@@ -87,8 +76,7 @@ async def test_taken_job_is_not_cancellable_and_is_sent_once_per_device(
     answers = await asyncio.gather(*(http.post("/v1/messages", json=body) for _ in range(20)))
     message = answers[0].json()["id"]
     assert {a.json()["id"] for a in answers} == {message}
-    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)):
-        assert await relay(harness) == 1
+    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)), relaying(harness):
 
         async def sent() -> bool:
             view = (await http.get(f"/v1/messages/{message}")).json()
