@@ -339,3 +339,20 @@ async def test_keys_past_retention_are_forgotten_and_the_key_makes_a_new_message
     assert again.json()["status"] == "queued" and again.json()["id"] != first
     replay = await http.post("/v1/messages", json={**job(), "idempotency_key": "k-young"})
     assert replay.json() == {"status": "duplicate_ignored", "id": kept["id"]}
+
+
+async def test_database_refusing_the_commit_is_503_with_retry_after_and_stores_nothing(
+    http: httpx.AsyncClient, db: DbConnection
+) -> None:
+    body = {**job(), "idempotency_key": "k-503"}
+    await db.execute("ALTER TABLE ingress_messages RENAME TO ingress_messages_away")
+    try:
+        refused = await http.post("/v1/messages", json=body)
+    finally:
+        await db.execute("ALTER TABLE ingress_messages_away RENAME TO ingress_messages")
+    assert refused.status_code == 503
+    assert refused.json() == {"error": "unavailable"}
+    assert refused.headers["retry-after"] == "1"
+    assert await counts(db) == (0, 0, 0)  # the key row went with the failed transaction
+    retried = await http.post("/v1/messages", json=body)
+    assert retried.status_code == 202 and retried.json()["status"] == "queued"
