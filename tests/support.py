@@ -126,6 +126,14 @@ class WorkerProcess:
         if not self._log.closed:
             self._log.close()
 
+    async def wait_logged(self, event: str, timeout: float = 60.0) -> None:
+        """Wait until the worker's log has a line with `event` (e.g. `worker_started`)."""
+
+        async def logged() -> bool:
+            return f'"event":"{event}"' in self.log_text()
+
+        await wait_for(logged, timeout=timeout)
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 

@@ -156,6 +156,9 @@ async def test_sigterm_under_load_loses_nothing_and_doubles_nothing(
     await first.expect_exit(0, timeout=30)
     assert "worker_stopped" in first.log_text()
     replacement = spawn()
+    # Past its imports before it is told to stop: a SIGTERM that lands while
+    # Python is still importing dies of the default action (-15), not ours.
+    await replacement.wait_logged("worker_started")
     await wait_for(lambda: _has(db, total), timeout=90)
     await settle(lambda: _effects(db), quiet=1.5)
     other.terminate()

@@ -37,14 +37,6 @@ from proving.chaos.services import PrivateRabbit, ServiceError, remove_tree
 
 SBIN = Path("/usr/lib/rabbitmq/bin")
 NODE_PREFIX = "iwcluster-"
-# A quorum queue's at-least-once dead-lettering (our retry tiers) republishes a
-# message whose confirm did not come after this long; 3.10's default is 180 s,
-# so a tier whose target queue lost its leader mid-move held its messages for
-# minutes (seen: a poison job dead-lettered 144 s after publish instead of 10).
-DLX_CONFIRM_TIMEOUT_MS = 10_000
-ADVANCED = (
-    f"[{{rabbit, [{{dead_letter_worker_publisher_confirm_timeout, {DLX_CONFIRM_TIMEOUT_MS}}}]}}]."
-)
 
 
 def free_port() -> int:
@@ -118,7 +110,6 @@ class LocalCluster:
                 node=name,
                 cookie=self.cookie,
                 config=discovery,
-                advanced=ADVANCED,
             )
             for i, name in enumerate(names)
         ]

@@ -131,6 +131,18 @@ class _Service:
             self.proc.wait()
 
 
+# A quorum queue's at-least-once dead-lettering (our retry tiers) republishes a
+# message whose confirm did not come after this long; 3.10's default is 180 s,
+# so a tier whose target queue lost its leader mid-move, or whose node was
+# restarted, held its messages for minutes (seen in the cluster profile: a
+# poison job dead-lettered 144 s after publish instead of 10). Every private
+# node, single or clustered, gets 10 s.
+DLX_CONFIRM_TIMEOUT_MS = 10_000
+ADVANCED = (
+    f"[{{rabbit, [{{dead_letter_worker_publisher_confirm_timeout, {DLX_CONFIRM_TIMEOUT_MS}}}]}}]."
+)
+
+
 class PrivateRabbit(_Service):
     name = "rabbitmq"
 
@@ -143,7 +155,7 @@ class PrivateRabbit(_Service):
         node: str | None = None,
         cookie: str | None = None,
         config: str = "",
-        advanced: str = "[].",
+        advanced: str = ADVANCED,
     ) -> None:
         """One node; a cluster's nodes share `cookie` and name each other in `config`.
 
