@@ -48,13 +48,24 @@ class App:
         *,
         retry: RetryPolicy | None = None,
         fingerprint: Fingerprinter | None = None,
+        timeout: float | None = None,
     ) -> Callable[[MessageHandler], MessageHandler]:
-        """Register `fn(ctx)` for every message on `queue`."""
+        """Register `fn(ctx)` for every message on `queue`.
+
+        `timeout`: the handler's deadline in seconds (default: the worker's
+        `handler_timeout_seconds`, IW_HANDLER_TIMEOUT). Past it the handler is
+        cancelled, its effects rolled back and its message retried
+        (`handler_timeout`); the rest of the batch commits.
+        """
 
         def register(fn: MessageHandler) -> MessageHandler:
             self._add(
                 HandlerSpec(
-                    queue=queue, handle=fn, retry=retry or self.retry, fingerprint=fingerprint
+                    queue=queue,
+                    handle=fn,
+                    retry=retry or self.retry,
+                    fingerprint=fingerprint,
+                    timeout=_positive(timeout),
                 )
             )
             return fn
@@ -67,12 +78,14 @@ class App:
         *,
         retry: RetryPolicy | None = None,
         fingerprint: Fingerprinter | None = None,
+        timeout: float | None = None,
     ) -> Callable[[BatchHandler], BatchHandler]:
         """Register `fn(batch)` that writes a whole batch's effects at once.
 
         It gets only the batch's new messages (duplicates are already acked);
-        if it raises, the batch is split to find the failing message, and the
-        others' effects still commit exactly once.
+        if it raises, or runs past `timeout` (the deadline of one call), the
+        batch is split to find the failing message, and the others' effects
+        still commit exactly once.
         """
 
         def register(fn: BatchHandler) -> BatchHandler:
@@ -82,6 +95,7 @@ class App:
                     handle_batch=fn,
                     retry=retry or self.retry,
                     fingerprint=fingerprint,
+                    timeout=_positive(timeout),
                 )
             )
             return fn
@@ -126,6 +140,12 @@ class App:
         if spec.queue in self._specs:
             raise ConfigurationError(f"queue {spec.queue!r} already has a handler")
         self._specs[spec.queue] = spec
+
+
+def _positive(timeout: float | None) -> float | None:
+    if timeout is not None and not timeout > 0:
+        raise ConfigurationError(f"a handler timeout must be positive, got {timeout!r}")
+    return timeout
 
 
 def load_app(target: str) -> App:

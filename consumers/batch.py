@@ -8,14 +8,20 @@ This module is the guarantee. Read `BatchRunner.run`:
    COMMIT. Effects and claims commit together or not at all;
 3. only then: publish retries and dead letters (confirmed), then ack.
 
-A handler that raises fails the fast path; the batch is rolled back and run
-again with a savepoint per message (or, for a batch handler, split in halves),
-so the failing message alone is retried or dead-lettered and the others'
-effects still commit exactly once. A lost database connection, or a commit
-whose outcome is unknown, re-runs the whole batch once the database answers:
-the claims make a repeat harmless, and nothing is acked before a commit. A
-database that stays away through every re-run raises DatabaseUnavailable, and
-each message of the batch is retried through the delay tiers.
+A handler that raises (any type: its exceptions are its own) or runs past its
+deadline fails the fast path; the batch is rolled back and run again with a
+savepoint per message (or, for a batch handler, split in halves), so the
+failing message alone is retried or dead-lettered and the others' effects
+still commit exactly once; a handler past its deadline is not run a second
+time. The fast path's deadline is one timer for the whole batch
+(`consumers.deadline`); the careful path pays a timer per handler.
+
+A failure of the framework's own database calls (a lost connection, a commit
+whose outcome is unknown, a handler's connection found closed) re-runs the
+whole batch once the database answers: the claims make a repeat harmless, and
+nothing is acked before a commit. A database that stays away through every
+re-run raises DatabaseUnavailable, and each message of the batch is retried
+through the delay tiers.
 
 Verdicts travel by return value: decoding returns the ones it reached, the
 transaction returns one per claimed item, and `Dispatcher.settle` takes the pairs.
@@ -31,6 +37,7 @@ import asyncpg
 import structlog
 
 from consumers.context import Batch, Context
+from consumers.deadline import Deadline, HandlerTimeout
 from consumers.decisions import Reject, Retry
 from consumers.dispatch import Dispatcher
 from consumers.faults import CrashPoint, Faults
@@ -45,6 +52,7 @@ from consumers.verdict import (
     EFFECT,
     REUSED,
     TRANSIENT_SQL_ERRORS,
+    DatabaseConnectionClosed,
     Verdict,
     dead,
     describe,
@@ -56,12 +64,13 @@ log = structlog.get_logger(__name__)
 
 
 class _HandlerFailed(Exception):
-    """The fast path hit a handler exception: re-run the batch carefully."""
+    """The fast path hit a handler's exception (its cause): re-run the batch carefully."""
 
-    def __init__(self, alone: Item | None, claimed: Verdicts) -> None:
+    def __init__(self, *, claimed: Verdicts, fresh: list[Item], timed_out: Item | None) -> None:
         super().__init__()
-        self.alone = alone  # the failing message, when it was the batch's only new one
         self.claimed = claimed  # the others' verdicts, from their claims
+        self.fresh = fresh  # the messages whose handlers ran
+        self.timed_out = timed_out  # the message whose handler ran past its deadline
 
 
 class BatchRunner:
@@ -86,6 +95,10 @@ class BatchRunner:
         self.settings = settings
         self.faults = faults
         self.metrics = metrics
+        # Past this a handler is cancelled and its message retried (consumers.deadline).
+        self.deadline = (
+            spec.timeout if spec.timeout is not None else settings.handler_timeout_seconds
+        )
 
     async def run(self, deliveries: Sequence[Delivery]) -> None:
         """Decide, commit and acknowledge every delivery of the batch."""
@@ -112,13 +125,18 @@ class BatchRunner:
         try:
             return await self._attempt(items, careful=False)
         except _HandlerFailed as failed:
-            if failed.alone is not None and failed.__cause__ is not None:
+            cause = failed.__cause__
+            assert isinstance(cause, Exception)
+            if len(failed.fresh) == 1:
                 # Nothing else to commit: no need to run it a second time.
-                assert isinstance(failed.__cause__, Exception)
-                return {**failed.claimed, failed.alone: self._judge(failed.__cause__)}
-            return await self._attempt(items, careful=True)
+                return {**failed.claimed, failed.fresh[0]: self._judge(cause)}
+            # A handler past its deadline is not run again: it would only hang again.
+            known = {failed.timed_out: self._judge(cause)} if failed.timed_out else {}
+            return await self._attempt(items, careful=True, known=known)
 
-    async def _attempt(self, items: list[Item], *, careful: bool) -> Verdicts:
+    async def _attempt(
+        self, items: list[Item], *, careful: bool, known: Verdicts | None = None
+    ) -> Verdicts:
         async with self.pool.acquire() as conn:
             tx = conn.transaction()
             await tx.start()
@@ -139,7 +157,7 @@ class BatchRunner:
                     else:
                         verdicts[item] = DUPLICATE if outcome is ClaimOutcome.DUPLICATE else REUSED
                 if careful:
-                    effects = await self._effects_careful(conn, fresh)
+                    effects = await self._effects_careful(conn, fresh, known or {})
                     failed = [i for i, v in effects.items() if v is not EFFECT]
                     await self.inbox.release(conn, [i.envelope.key for i in failed if i.envelope])
                     verdicts.update(effects)
@@ -154,44 +172,58 @@ class BatchRunner:
         return verdicts
 
     async def _effects_fast(self, conn: DbConnection, fresh: list[Item], claimed: Verdicts) -> None:
-        """No savepoints: any handler error sends the batch to the careful path."""
+        """No savepoints, one deadline timer: any handler error means the careful path."""
         staged: dict[str, list[Sequence[Any]]] = {}
         contexts = [self._context(conn, i, staged) for i in fresh]
         timed = self.metrics.handler_seconds
+        running: Item | None = None
         try:
-            if self.spec.handle_batch is not None:
-                if contexts:
-                    began = time.perf_counter()
-                    await self.spec.handle_batch(Batch(tx=conn, messages=contexts))
-                    timed.observe(time.perf_counter() - began)
-            else:
-                assert self.spec.handle is not None
-                for ctx in contexts:
-                    began = time.perf_counter()
-                    await self.spec.handle(ctx)
-                    timed.observe(time.perf_counter() - began)
+            with Deadline(self.deadline) as deadline:
+                if self.spec.handle_batch is not None:
+                    if contexts:
+                        began = time.perf_counter()
+                        deadline.lap(began)
+                        await self.spec.handle_batch(Batch(tx=conn, messages=contexts))
+                        timed.observe(time.perf_counter() - began)
+                else:
+                    assert self.spec.handle is not None
+                    for item, ctx in zip(fresh, contexts, strict=True):
+                        running = item
+                        began = time.perf_counter()
+                        deadline.lap(began)
+                        await self.spec.handle(ctx)
+                        timed.observe(time.perf_counter() - began)
+        except Exception as exc:  # the handler's, whatever its type
+            _check_connection(conn, exc)
+            timed_out = running if isinstance(exc, HandlerTimeout) else None
+            raise _HandlerFailed(claimed=claimed, fresh=fresh, timed_out=timed_out) from exc
+        try:
             for sql, rows in staged.items():
                 await conn.executemany(sql, rows)
         except CONNECTION_ERRORS:
             raise
-        except Exception as exc:
-            raise _HandlerFailed(fresh[0] if len(fresh) == 1 else None, claimed) from exc
+        except Exception as exc:  # a staged statement of a handler failed
+            raise _HandlerFailed(claimed=claimed, fresh=fresh, timed_out=None) from exc
 
-    async def _effects_careful(self, conn: DbConnection, fresh: list[Item]) -> Verdicts:
-        """A savepoint per message (or per half of a batch); a verdict for each."""
+    async def _effects_careful(
+        self, conn: DbConnection, fresh: list[Item], known: Verdicts
+    ) -> Verdicts:
+        """A savepoint and a deadline per message (or per half of a batch); a verdict for each."""
+        verdicts = {item: known[item] for item in fresh if item in known}
+        runnable = [item for item in fresh if item not in known]
         if self.spec.handle_batch is not None:
-            return await self._bisect(conn, fresh)
+            verdicts.update(await self._bisect(conn, runnable))
+            return verdicts
         assert self.spec.handle is not None
-        verdicts: Verdicts = {}
-        for item in fresh:
+        for item in runnable:
             savepoint = conn.transaction()
             await savepoint.start()
             try:
-                await self.spec.handle(self._context(conn, item, None))
-            except CONNECTION_ERRORS:
-                raise
-            except Exception as exc:
-                await savepoint.rollback()
+                with Deadline(self.deadline):
+                    await self.spec.handle(self._context(conn, item, None))
+            except Exception as exc:  # the handler's, whatever its type
+                _check_connection(conn, exc)
+                await savepoint.rollback()  # the framework's call: raises if the database is gone
                 verdicts[item] = self._judge(exc)
             else:
                 await savepoint.commit()
@@ -205,12 +237,12 @@ class BatchRunner:
         savepoint = conn.transaction()
         await savepoint.start()
         try:
-            await self.spec.handle_batch(
-                Batch(tx=conn, messages=[self._context(conn, i, None) for i in items])
-            )
-        except CONNECTION_ERRORS:
-            raise
-        except Exception as exc:
+            with Deadline(self.deadline):
+                await self.spec.handle_batch(
+                    Batch(tx=conn, messages=[self._context(conn, i, None) for i in items])
+                )
+        except Exception as exc:  # the handler's, whatever its type
+            _check_connection(conn, exc)
             await savepoint.rollback()
             if len(items) == 1:
                 return {items[0]: self._judge(exc)}
@@ -239,6 +271,8 @@ class BatchRunner:
 
     def _judge(self, exc: Exception) -> Verdict:
         """The verdict for a message whose handler raised `exc`."""
+        if isinstance(exc, HandlerTimeout):
+            return retry("handler_timeout", error=describe(exc))
         if isinstance(exc, Reject):
             return dead(exc.reason)
         if isinstance(exc, Retry):
@@ -248,3 +282,9 @@ class BatchRunner:
         if isinstance(exc, self.spec.retry.retry_on):
             return retry("handler_error", error=describe(exc))
         return dead("handler_error", error=describe(exc))
+
+
+def _check_connection(conn: DbConnection, exc: Exception) -> None:
+    """A handler raised `exc`: the handler's failure, unless its connection is closed."""
+    if conn.is_closed():
+        raise DatabaseConnectionClosed(describe(exc)) from exc

@@ -4,7 +4,9 @@
 2. the heartbeat (liveness and readiness, `consumers.health`) and, when
    IW_METRICS_PORT is set, the endpoint serving it with the metrics, before
    the worker starts: a worker slow to reach its services is live, not ready;
-3. start the worker, consume until the signal, stop it (settle, ack, close).
+3. the watchdog (`consumers.watchdog`): a handler blocking the event loop
+   past its deadline plus the grace ends the process, non-zero;
+4. start the worker, consume until the signal, stop it (settle, ack, close).
 
 Under a supervisor (`run --processes N`) the same runs in each child, without
 a port of its own: its metrics and health go to the supervisor through
@@ -28,6 +30,7 @@ from consumers.horizon import check_retention, retention_need
 from consumers.metrics import DedupeCollector
 from consumers.settings import Settings
 from consumers.verdict import CONNECTION_ERRORS, describe
+from consumers.watchdog import Watchdog
 from consumers.worker import Worker
 from dedupe import TableStats
 
@@ -60,6 +63,8 @@ async def run_process(target: str, settings: Settings) -> int:
         loop.add_signal_handler(sig, stop_requested.set)
     heartbeat = Heartbeat(worker.readiness, worker.metrics)
     beating = asyncio.create_task(heartbeat.run(), name="heartbeat")
+    watchdog = Watchdog(worker.stuck_after)
+    watchdog.start()
     endpoint = _serve(worker, heartbeat, loop) if settings.metrics.port is not None else None
     starting = asyncio.create_task(worker.start())
     waiting = asyncio.create_task(stop_requested.wait())
@@ -101,6 +106,7 @@ async def run_process(target: str, settings: Settings) -> int:
         await asyncio.gather(beating, return_exceptions=True)
         if endpoint is not None:
             endpoint.close()
+        watchdog.stop()
     return 0
 
 

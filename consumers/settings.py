@@ -63,6 +63,16 @@ class WorkerSettings:
     concurrency: int = 1  # channels (and batches in flight) per queue
     max_body_bytes: int = 1_048_576
     shutdown_grace_seconds: float = 30.0
+    # A handler's deadline (`@app.handler(q, timeout=...)` overrides it): past
+    # it the handler is cancelled, its message retried, the batch goes on.
+    handler_timeout_seconds: float = 30.0
+    # A loop stuck this long past the longest deadline (a handler blocking it)
+    # ends the process (consumers.watchdog); also the sessions' backstop margin.
+    watchdog_grace_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.handler_timeout_seconds > 0 or not self.watchdog_grace_seconds > 0:
+            raise ValueError("handler_timeout_seconds and watchdog_grace_seconds must be positive")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,6 +145,8 @@ class Settings:
                 concurrency=int(env.get("IW_CONCURRENCY", "1")),
                 max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", "1048576")),
                 shutdown_grace_seconds=float(env.get("IW_SHUTDOWN_GRACE", "30")),
+                handler_timeout_seconds=float(env.get("IW_HANDLER_TIMEOUT", "30")),
+                watchdog_grace_seconds=float(env.get("IW_WATCHDOG_GRACE", "10")),
             ),
             retention=RetentionSettings(
                 keep_days=float(env.get("IW_RETENTION_DAYS", "7")),

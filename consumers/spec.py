@@ -55,3 +55,5 @@ class HandlerSpec:
     push: PushSpec | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     fingerprint: Fingerprinter | None = None
+    # A handler's deadline in seconds (None: WorkerSettings.handler_timeout_seconds).
+    timeout: float | None = None

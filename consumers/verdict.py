@@ -59,9 +59,16 @@ TRANSIENT_SQL_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.LockNotAvailableError,
 )
 
-# Errors that mean the database connection itself is gone or unusable: the
-# whole batch is re-run once the database answers again.
+
+class DatabaseConnectionClosed(Exception):
+    """A handler failed and its connection is closed: the database's fault, not the message's."""
+
+
+# Errors of the framework's own database calls (never a handler's: those are
+# the handler's, whatever their type) that mean the connection is gone or
+# unusable: the whole batch is re-run once the database answers again.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    DatabaseConnectionClosed,
     OSError,
     asyncpg.InterfaceError,
     asyncpg.PostgresConnectionError,
@@ -72,6 +79,11 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     # asyncpg's protocol lost track of a session the server terminated under
     # it ("cannot switch to state ..."): the connection is as good as gone.
     asyncpg.exceptions.InternalClientError,
+    # The sessions' backstops (consumers.worker.create_pool): a claim that
+    # waited on another worker's lock past statement_timeout, or a session
+    # the server ended after idle_in_transaction_session_timeout.
+    asyncpg.QueryCanceledError,
+    asyncpg.IdleInTransactionSessionTimeoutError,
 )
 
 

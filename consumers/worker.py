@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import secrets
 import socket
@@ -29,6 +30,7 @@ import structlog
 from consumers.app import App
 from consumers.batch import BatchRunner
 from consumers.connection import connect
+from consumers.deadline import longest_deadline
 from consumers.decisions import ConfigurationError
 from consumers.dispatch import Dispatcher
 from consumers.health import CHECK_TIMEOUT_SECONDS, Status
@@ -112,6 +114,14 @@ class Worker:
         self.app = app
         self.settings = settings or Settings()
         self.metrics = metrics if metrics is not None else Metrics()
+        ws = self.settings.worker
+        # How long a handler may hold the event loop or a transaction before
+        # something stronger than its deadline steps in: the watchdog ends the
+        # process (`run`), the server ends the session (every worker).
+        self.stuck_after = (
+            longest_deadline(app.specs.values(), ws.handler_timeout_seconds)
+            + ws.watchdog_grace_seconds
+        )
         # The send-lease owner: unique per process, also across PID reuse.
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._providers: dict[str, Provider] = {}
@@ -135,6 +145,7 @@ class Worker:
             self.settings,
             min_size=min(needed, db.pool_size),
             name=f"idempotent-workers {self.worker_id}",
+            backstop_seconds=self.stuck_after,
         )
         async with self.pool.acquire() as conn:
             await check_schema(conn, db.schema)
@@ -296,22 +307,34 @@ async def _close_logged(what: str, close: Callable[[], Awaitable[object]]) -> No
 
 
 async def create_pool(
-    settings: Settings, *, min_size: int = 1, name: str = "idempotent-workers"
+    settings: Settings,
+    *,
+    min_size: int = 1,
+    name: str = "idempotent-workers",
+    backstop_seconds: float | None = None,
 ) -> asyncpg.Pool:
     """An asyncpg pool whose search_path starts with the configured schema.
 
     `name` becomes the sessions' application_name, so `pg_stat_activity`
-    shows which worker holds which connection.
+    shows which worker holds which connection. `backstop_seconds` sets the
+    sessions' `statement_timeout` and `idle_in_transaction_session_timeout`:
+    should a handler's deadline not end its transaction (the process stuck),
+    the server ends it, and the claims it held free the other workers.
     """
     db = settings.database
+    server_settings = {
+        "search_path": f"{quote_ident(db.schema)}, public",
+        "application_name": name[:63],
+    }
+    if backstop_seconds is not None:
+        limit = str(math.ceil(backstop_seconds * 1000))
+        server_settings["statement_timeout"] = limit
+        server_settings["idle_in_transaction_session_timeout"] = limit
     pool = await asyncpg.create_pool(
         db.url,
         min_size=min_size,
         max_size=max(db.pool_size, min_size),
-        server_settings={
-            "search_path": f"{quote_ident(db.schema)}, public",
-            "application_name": name[:63],
-        },
+        server_settings=server_settings,
     )
     assert pool is not None
     return pool

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 from consumers import App, Context, Reject, RetryPolicy
@@ -39,3 +40,9 @@ async def record(ctx: Context) -> None:
         # Tell the test the transaction is open, then hold it until SIGKILLed.
         Path(marker).write_text(str(os.getpid()))  # noqa: ASYNC240 - a tiny test file
         await asyncio.sleep(hold)
+    block = ctx.body.get("block_s")
+    block_marker = os.environ.get("TEST_BLOCK_MARKER")
+    if isinstance(block, int | float) and block_marker:
+        # Tell the test the handler runs, then block the whole event loop.
+        Path(block_marker).write_text(str(os.getpid()))  # noqa: ASYNC240 - a tiny test file
+        time.sleep(block)  # noqa: ASYNC251 - the blocking handler the watchdog is for
