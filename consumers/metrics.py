@@ -27,6 +27,13 @@ queue framework exports, per consumer: the duplicates we absorbed
 
 The last four are read from PostgreSQL when scraped (`DedupeCollector`).
 
+Not yet here: the provider circuit state. The breaker (`consumers.circuit`,
+`Worker.provider_circuits()`) had not landed when this was written; when it
+does, a gauge `idempotent_workers_provider_circuit_open{consumer,provider}`
+(1 while open or probing, multiprocess_mode="livemax") set from
+`Worker.readiness()`, which also adds one problem per open circuit (so
+/readyz answers 503), is the whole change, with a panel in the dashboard.
+
 Cost: recorded per batch (a counter incremented by n), not per message,
 except the handler histogram (one observation per handler call).
 
