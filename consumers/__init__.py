@@ -1,6 +1,7 @@
 """The RabbitMQ side: apps and handlers, the delivery loop, retries, the CLI."""
 
 from consumers.app import App, load_app
+from consumers.circuit import CircuitState, CircuitView
 from consumers.context import Batch, Context
 from consumers.decisions import (
     ConfigurationError,
@@ -51,6 +52,8 @@ __all__ = [
     "BadInput",
     "Batch",
     "BatchHandler",
+    "CircuitState",
+    "CircuitView",
     "ConfigurationError",
     "ConsumersError",
     "Context",

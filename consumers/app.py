@@ -110,6 +110,7 @@ class App:
         on_invalid_token: InvalidTokenHook | None = None,
         unknown_outcome: UnknownOutcome = UnknownOutcome.RESEND,
         lease_seconds: float = 30.0,
+        probe_seconds: float = 10.0,
         retry: RetryPolicy | None = None,
     ) -> None:
         """Send the push jobs of `queue` (format: `consumers.push_job`) through `provider`.
@@ -117,10 +118,15 @@ class App:
         `provider` is called once, inside the worker's event loop, to build the
         Provider (aioapns needs the running loop). `on_invalid_token(tx, dead)`
         runs once per dead token, in the transaction that records it.
-        `lease_seconds` must exceed the provider's own timeout.
+        `lease_seconds` must exceed the provider's own timeout: no send starts
+        unless its answer is due before the lease ends. A provider that refuses
+        our credentials is paused; `probe_seconds` later (doubling to a minute)
+        one send probes it (see `consumers.circuit`).
         """
         if lease_seconds <= 0:
             raise ConfigurationError("lease_seconds must be positive")
+        if probe_seconds <= 0:
+            raise ConfigurationError("probe_seconds must be positive")
         self._add(
             HandlerSpec(
                 queue=queue,
@@ -129,6 +135,7 @@ class App:
                     on_invalid_token=on_invalid_token,
                     unknown_outcome=unknown_outcome,
                     lease_seconds=lease_seconds,
+                    probe_seconds=probe_seconds,
                 ),
                 retry=retry or self.retry,
             )

@@ -5,7 +5,9 @@ are published with confirms *before* the original is acked, so a crash in
 between leaves a redelivery (harmless: the claim or a second dead letter),
 never a lost message. Acks go out with `multiple=True` per channel: a batch
 holds every outstanding delivery up to its highest tag, because one batch
-loop owns one channel and settles a batch before taking the next.
+loop owns one channel and settles a batch before taking the next. The push
+runner settles jobs one by one while other batches of its channel are in
+flight: its acks go one delivery each (`one_by_one`).
 """
 
 from __future__ import annotations
@@ -67,8 +69,18 @@ class Dispatcher:
         self.log_effects = log_effects
         self._metrics = metrics if metrics is not None else Metrics()
 
-    async def settle(self, spec: HandlerSpec, decided: Sequence[tuple[Item, Verdict]]) -> None:
-        """Publish the retries and dead letters of `decided`, log every outcome, then ack."""
+    async def settle(
+        self,
+        spec: HandlerSpec,
+        decided: Sequence[tuple[Item, Verdict]],
+        *,
+        one_by_one: bool = False,
+    ) -> None:
+        """Publish the retries and dead letters of `decided`, log every outcome, then ack.
+
+        `one_by_one`: ack each delivery alone, for a runner that settles jobs while
+        others of the same channel are still unsettled (a multiple ack would cover them).
+        """
         movers = [(item, verdict) for item, verdict in decided if verdict.outcome in _MOVES]
         results = (
             await asyncio.gather(
@@ -95,7 +107,7 @@ class Dispatcher:
             lines.flush()
         metrics = self._metrics.consumer(spec.queue)
         metrics.settled(tally)
-        await _acknowledge([item for item, _ in decided], unsettled, metrics)
+        await _acknowledge([item for item, _ in decided], unsettled, metrics, one_by_one)
 
     async def _move(self, spec: HandlerSpec, item: Item, verdict: Verdict) -> Moved:
         """Republish `item` to a delay tier or the dead-letter queue, confirmed."""
@@ -202,9 +214,10 @@ def stamp_dead_lettered(headers: dict[str, Any], now: float | None = None) -> No
 
 
 async def _acknowledge(
-    items: Sequence[Item], unsettled: set[Item], metrics: ConsumerMetrics
+    items: Sequence[Item], unsettled: set[Item], metrics: ConsumerMetrics, one_by_one: bool
 ) -> None:
-    """Ack settled items (multiple=True per channel); leave the rest to redelivery."""
+    """Ack settled items (multiple=True per channel, or each alone); leave the rest to
+    redelivery."""
     highest: dict[object, Item] = {}  # by channel: one multiple ack each
     covered: dict[object, int] = {}  # deliveries each channel's one ack settles
     failed = 0
@@ -226,6 +239,10 @@ async def _acknowledge(
                 outcome="left_to_redelivery",
             )
             failed += 1
+            continue
+        if one_by_one:
+            if not await _quietly(item.delivery.ack(), item):
+                failed += 1
             continue
         covered[channel] = covered.get(channel, 0) + 1
         tag = item.delivery.delivery_tag or 0

@@ -25,7 +25,7 @@ import asyncpg
 from consumers.connection import connect_once
 from consumers.deadletters import DeadLetter, NoSuchQueue, read_dead_letters
 from consumers.envelope import TENANT_HEADER
-from consumers.push import redact
+from consumers.push_answers import redact
 from consumers.retry import dead_letter_queue
 from consumers.settings import Settings
 from consumers.terminal import printable

@@ -4,25 +4,32 @@ A push cannot share our transaction, so the ledger brackets it:
 
 1. one transaction claims each job's dedupe key and writes its targets as
    `sending`, leased to this worker, with ids derived from the dedupe key
-   (a redelivered job instead leases the targets not yet sent). COMMIT;
-2. no transaction open: send every leased target, concurrently, with those
-   ids and the collapse ids set;
-3. as the answers come, record them (`sent` with the provider's id, `failed`
-   with the reason, or back to `claimed` to retry) and run the
-   `on_invalid_token` hook for dead tokens: one transaction takes every answer
-   that arrived while the previous one committed. Once all are in, ack.
+   (a redelivered job instead leases the targets not yet sent). COMMIT.
+   Jobs decided here (duplicates, reused ids, a live lease) are settled now;
+2. no transaction open: send every leased target, up to SENDS_IN_FLIGHT at
+   once, with those ids and the collapse ids set. No send starts after its
+   lease can have expired: each carries the lease's end, less LEASE_MARGIN
+   to record its answer, as its deadline; one that cannot start with its
+   whole timeout before it is not made (its row goes back to `claimed`);
+3. as the answers come, record them (`sent`, `failed`, or back to `claimed`)
+   and run `on_invalid_token` for dead tokens, one transaction for every
+   answer that arrived while the previous one committed. A job whose answers
+   are all recorded is settled and acked then, on its own: a slow device
+   holds back only its own job (and a channel runs several batches at once).
 
 A crash between the provider accepting and step 3's commit leaves the row
 `sending`; once its lease expires a redelivery applies the UnknownOutcome
 policy: RESEND with the same apns-id and collapse id (the device collapses the
 duplicate), or SKIP. A live lease of another worker means it is sending right
-now: the job waits in a delay tier, never a second send.
+now: the job waits in a delay tier, never a second send. A provider refusing
+our credentials is paused (`consumers.circuit`); its jobs wait for its probe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -32,15 +39,29 @@ from typing import TypeVar
 import asyncpg
 import structlog
 
+from consumers.circuit import Circuits
 from consumers.dispatch import Dispatcher
 from consumers.faults import CrashPoint, Faults
 from consumers.items import Delivery, Item, Verdicts, decode_batch
 from consumers.metrics import ConsumerMetrics
+from consumers.push_answers import (
+    Answered,
+    Send,
+    answered,
+    dead_token,
+    dedupe_key_text,
+    job_verdict,
+    log_answer,
+    metric_outcomes,
+    paused,
+    probe_result,
+    provider_name,
+)
 from consumers.push_job import InvalidPushJob, PushJob, parse_push_job
 from consumers.rerun import DatabaseUnavailable, rerun_after_disconnect, rollback_quietly
 from consumers.settings import WorkerSettings
-from consumers.spec import DeadToken, HandlerSpec
-from consumers.verdict import CANCELLED, DUPLICATE, EFFECT, REUSED, dead, describe, retry
+from consumers.spec import HandlerSpec
+from consumers.verdict import CANCELLED, DUPLICATE, REUSED, Verdict, dead, describe, retry
 from dedupe import (
     INGRESS_HEADER,
     LEASE_EXPIRED,
@@ -52,20 +73,14 @@ from dedupe import (
     Messages,
     SendIntent,
     SendLedger,
-    SendResult,
     SendStatus,
     TargetKey,
-    UnknownOutcome,
     parse_message_id,
 )
 from providers import (
-    InvalidDeviceToken,
-    PermanentProviderError,
     Provider,
     ProviderReceipt,
-    SendIds,
     Target,
-    TransientProviderError,
     UnknownOutcomeError,
     send_ids,
 )
@@ -75,39 +90,21 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 RECORD_WINDOW_SECONDS = 0.05  # how long answers gather before a recording transaction
-
-
-@dataclass(slots=True)
-class _Send:
-    item: Item
-    job: PushJob
-    target: TargetKey
-    device: Target
-    ids: SendIds
-    result: SendResult | None = None
-    retry_after: float | None = None
-    dead_token: bool = False
+SENDS_IN_FLIGHT = 1000  # per runner: more would only queue inside the provider
+LEASE_MARGIN = 0.1  # of the lease, kept at its end to record the last answers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Claimed:
     """Step 1's outcome: the sends to make now, and the jobs decided without one."""
 
-    sends: list[_Send]
+    sends: list[Send]
     verdicts: Verdicts
-
-
-def dedupe_key_text(key: DedupeKey) -> str:
-    """The string the send ids derive from: stable for a job's whole life."""
-    return f"{key.consumer}\0{key.tenant}\0{key.message_id}"
-
-
-def redact(token: str) -> str:
-    return f"{token[:6]}…" if len(token) > 8 else "…"
+    deadline: float = 0.0  # time.monotonic() by which every answer must be in
 
 
 class PushRunner:
-    """Runs push batches for one queue with one provider."""
+    """Runs push batches for one queue with one provider; several batches at once."""
 
     def __init__(
         self,
@@ -117,6 +114,7 @@ class PushRunner:
         inbox: Inbox,
         ledger: SendLedger,
         provider: Provider,
+        circuits: Circuits,
         dispatcher: Dispatcher,
         settings: WorkerSettings,
         faults: Faults,
@@ -129,11 +127,13 @@ class PushRunner:
         self.inbox = inbox
         self.ledger = ledger
         self.provider = provider
+        self.circuits = circuits
         self.dispatcher = dispatcher
         self.settings = settings
         self.faults = faults
         self.metrics = metrics
         self.messages = Messages(inbox.schema)
+        self._window = asyncio.Semaphore(SENDS_IN_FLIGHT)
 
     async def run(self, deliveries: Sequence[Delivery]) -> None:
         decoded = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
@@ -149,19 +149,25 @@ class PushRunner:
             claimed = await self._rerun(partial(self._claim, jobs), size=len(jobs))
         except DatabaseUnavailable as lost:
             claimed = _Claimed(sends=[], verdicts=dict.fromkeys(jobs, lost.verdict))
-        verdicts = claimed.verdicts
-        if claimed.sends:
-            unrecorded = await self._send_and_record(claimed.sends)
-            verdicts = self._judge(claimed.sends, verdicts)
-            for send in unrecorded:
-                # Its answer is not recorded: the row stays `sending` under our
-                # lease. Come back once that expired; the policy then decides.
-                verdicts[send.item] = retry("ledger_unavailable", delay=self.push.lease_seconds + 1)
+        sending = {send.item for send in claimed.sends}
         for item in jobs:
-            if item not in verdicts:  # claimed before, every target already answered
-                decided.append((item, DUPLICATE))
-        self.faults.reached(CrashPoint.AFTER_COMMIT)
-        await self.dispatcher.settle(self.spec, [*decided, *verdicts.items()])
+            if item in sending:
+                continue  # settled once its answers are recorded
+            # Claimed before with every target answered: a duplicate.
+            decided.append((item, claimed.verdicts.get(item, DUPLICATE)))
+        await self._settle(decided)
+        if not claimed.sends:
+            return
+        settled: set[Item] = set()
+        try:
+            await self._send_and_record(claimed.sends, claimed.verdicts, claimed.deadline, settled)
+        except Exception as exc:
+            # A bug: the jobs not yet settled are retried; the settled ones are
+            # acked already, so this must not reach the batch loop's isolation
+            # (it would run them again, and a second ack closes the channel).
+            log.exception("push_batch_failed", consumer=self.spec.queue, size=len(sending))
+            error = retry("framework_error", error=describe(exc))
+            await self._settle([(item, error) for item in sending if item not in settled])
 
     async def _rerun(self, step: Callable[[], Awaitable[T]], *, size: int) -> T:
         return await rerun_after_disconnect(
@@ -172,12 +178,18 @@ class PushRunner:
             stalled=self.metrics.database_stalled,
         )
 
+    async def _settle(self, decided: Sequence[tuple[Item, Verdict]]) -> None:
+        if decided:
+            self.faults.reached(CrashPoint.AFTER_COMMIT)
+            await self.dispatcher.settle(self.spec, decided, one_by_one=True)
+
     async def _claim(self, jobs: dict[Item, PushJob]) -> _Claimed:
         """Step 1: claim jobs, write or lease their targets; commit before any send."""
         if not jobs:
             return _Claimed(sends=[], verdicts={})
+        started = time.monotonic()  # the leases start later: on PostgreSQL's BEGIN
         items = list(jobs)
-        sends: list[_Send] = []
+        sends: list[Send] = []
         verdicts: Verdicts = {}
         async with self.pool.acquire() as conn, conn.transaction():
             claims = [
@@ -233,7 +245,10 @@ class PushRunner:
                 verdicts[item] = retry(
                     "send_in_progress", delay=busy[key] + 0.5, spend_attempt=False
                 )
-        return _Claimed(sends=sends, verdicts=verdicts)
+        lease = self.push.lease_seconds
+        return _Claimed(
+            sends=sends, verdicts=verdicts, deadline=started + lease * (1 - LEASE_MARGIN)
+        )
 
     async def _take_ingress(
         self, conn: DbConnection, items: list[Item], outcomes: list[ClaimOutcome]
@@ -253,200 +268,129 @@ class PushRunner:
         cancelled = await self.messages.take(conn, list(sent_for.values()))
         return {item for item, message in sent_for.items() if message in cancelled}
 
-    def _new_send(self, item: Item, job: PushJob, index: int, device: Target) -> _Send:
+    def _new_send(self, item: Item, job: PushJob, index: int, device: Target) -> Send:
         assert item.envelope is not None
         key = item.envelope.key
-        return _Send(
+        return Send(
             item=item,
             job=job,
             target=TargetKey(key=key, target_index=index),
             device=device,
             ids=send_ids(dedupe_key_text(key), device.token, collapse_key=job.collapse_key),
+            provider=provider_name(self.provider, device.platform),
         )
 
-    async def _send_and_record(self, sends: list[_Send]) -> list[_Send]:
-        """Steps 2 and 3, overlapped; returns the sends whose answers were not recorded.
+    async def _send_and_record(
+        self, sends: list[Send], held: Verdicts, deadline: float, settled: set[Item]
+    ) -> None:
+        """Steps 2 and 3, overlapped; each job settled once its answers are recorded.
 
-        Every leased target is sent at once, with no transaction open, and the
-        answers are recorded as they come: a recording transaction takes every
-        answer that arrived within RECORD_WINDOW_SECONDS of the first one not
-        yet recorded, or while the previous transaction ran (group commit). A
-        crash then re-sends only what was in flight or not yet recorded, and a
-        slow send does not hold back the records of the fast ones.
+        Every leased target is sent, with no transaction open, and the answers
+        are recorded as they come: a recording transaction takes every answer
+        that arrived within RECORD_WINDOW_SECONDS of the first one not yet
+        recorded, or while the previous transaction ran (group commit). A crash
+        then re-sends only what was in flight or not yet recorded, and a slow
+        send holds back neither the records nor the acks of the others' jobs.
+        `held`: verdicts of jobs that also wait on another worker's lease.
         """
-        answered: list[_Send] = []
-        arrived = asyncio.Event()
+        arrived: list[Answered] = []
+        new_answer = asyncio.Event()
         everything = asyncio.Event()
         remaining = len(sends)
+        left: dict[Item, int] = {}
+        for send in sends:
+            left[send.item] = left.get(send.item, 0) + 1
+        by_job: dict[Item, list[Answered]] = {item: [] for item in left}
+        unrecorded: set[Item] = set()
 
-        async def send_one(send: _Send) -> None:
+        async def send_one(send: Send) -> None:
             nonlocal remaining
-            answer: ProviderReceipt | BaseException = UnknownOutcomeError("send did not finish")
-            try:
-                answer = await self.provider.send(send.job.push_for(send.device), send.ids)
-            except Exception as exc:  # translated by _result; a provider bug is unknown
-                answer = exc
-            finally:  # even cancelled, the send is counted, so the loop below ends
-                send.result = self._result(send, answer)
-                answered.append(send)
-                arrived.set()
-                remaining -= 1
-                if remaining == 0:
-                    everything.set()
+            cancelled: asyncio.CancelledError | None = None
+            async with self._window:
+                circuit = self.circuits.of(send.provider)
+                if not circuit.admit():
+                    answer = paused(send, circuit.reason or "", circuit.seconds_to_probe())
+                else:
+                    reply: ProviderReceipt | BaseException
+                    try:
+                        push = send.job.push_for(send.device)
+                        reply = await self.provider.send(push, send.ids, deadline=deadline)
+                    except asyncio.CancelledError as exc:  # counted below, then re-raised
+                        cancelled, reply = exc, UnknownOutcomeError("Cancelled")
+                    except Exception as exc:  # translated by answered(); a bug is unknown
+                        reply = exc
+                    circuit.observe(probe_result(reply), getattr(reply, "reason", ""))
+                    answer = answered(send, reply, self.push.unknown_outcome)
+            arrived.append(answer)
+            new_answer.set()
+            remaining -= 1
+            if remaining == 0:
+                everything.set()
+            if cancelled is not None:
+                raise cancelled
 
         tasks = [asyncio.create_task(send_one(send)) for send in sends]
-        unrecorded: list[_Send] = []
         recorded = 0
         try:
             while recorded < len(sends):
-                await arrived.wait()
+                await new_answer.wait()
                 # Answers of one batch come close together: give the rest a
                 # moment, so a batch usually takes one recording transaction
                 # and a slow straggler does not hold the others' records back.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(everything.wait(), RECORD_WINDOW_SECONDS)
+                new_answer.clear()
+                group = arrived[:]
                 arrived.clear()
-                group = answered[:]
-                answered.clear()
                 recorded += len(group)
-                if group:
-                    try:
-                        await self._rerun(partial(self._record, group), size=len(group))
-                    except DatabaseUnavailable:
-                        unrecorded += group
+                if not group:
+                    continue
+                try:
+                    await self._rerun(partial(self._record, group), size=len(group))
+                except DatabaseUnavailable:
+                    unrecorded.update(a.send.item for a in group)
+                done: list[tuple[Item, Verdict]] = []
+                for answer in group:
+                    item = answer.send.item
+                    by_job[item].append(answer)
+                    left[item] -= 1
+                    if left[item] == 0:
+                        verdict = self._verdict(item, by_job.pop(item), held, unrecorded)
+                        done.append((item, verdict))
+                await self._settle(done)
+                settled.update(item for item, _ in done)
         finally:
             # Never cancel a send on the wire; an error above waits for them.
             await asyncio.gather(*tasks, return_exceptions=True)
-        return unrecorded
 
-    def _result(self, send: _Send, answer: ProviderReceipt | BaseException) -> SendResult:
-        target = send.target
-        if isinstance(answer, ProviderReceipt):
-            return SendResult(
-                target=target,
-                status=SendStatus.SENT,
-                provider_message_id=answer.provider_message_id,
-            )
-        if isinstance(answer, InvalidDeviceToken):
-            send.dead_token = True
-            return SendResult(target=target, status=SendStatus.FAILED, failure_reason=answer.reason)
-        if isinstance(answer, PermanentProviderError):
-            return SendResult(target=target, status=SendStatus.FAILED, failure_reason=answer.reason)
-        if isinstance(answer, TransientProviderError):
-            send.retry_after = answer.retry_after
-            return SendResult(
-                target=target, status=SendStatus.CLAIMED, failure_reason=answer.reason
-            )
-        if isinstance(answer, asyncio.CancelledError):
-            raise answer
-        # UnknownOutcomeError, or any other failure mid-call: it may have been sent.
-        reason = answer.reason if isinstance(answer, UnknownOutcomeError) else describe(answer)
-        if self.push.unknown_outcome is UnknownOutcome.SKIP:
-            return SendResult(
-                target=target,
-                status=SendStatus.FAILED,
-                failure_reason=f"unknown_outcome_skipped: {reason}",
-            )
-        return SendResult(
-            target=target, status=SendStatus.CLAIMED, failure_reason=f"unknown_outcome: {reason}"
-        )
+    def _verdict(
+        self, item: Item, answers: list[Answered], held: Verdicts, unrecorded: set[Item]
+    ) -> Verdict:
+        if item in unrecorded:
+            # An answer is not recorded: its row stays `sending` under our
+            # lease. Come back once that expired; the policy then decides.
+            return retry("ledger_unavailable", delay=self.push.lease_seconds + 1)
+        if item in held:  # some targets wait on another worker's lease
+            return held[item]
+        return job_verdict(answers)
 
-    async def _record(self, sends: list[_Send]) -> None:
+    async def _record(self, answers: list[Answered]) -> None:
         """Step 3: record these answers and prune dead tokens, in one transaction."""
-        results = [s.result for s in sends if s.result is not None]
         async with self.pool.acquire() as conn:
             tx = conn.transaction()
             await tx.start()
             try:
-                recorded = set(await self.ledger.record(conn, results))
+                recorded = set(await self.ledger.record(conn, [a.result for a in answers]))
                 hook = self.push.on_invalid_token
-                for send in sends:
-                    if hook is not None and send.dead_token and send.target in recorded:
-                        await hook(conn, self._dead_token(send))
+                for answer in answers:
+                    if hook is not None and answer.dead_token and answer.send.target in recorded:
+                        await hook(conn, dead_token(answer))
                 self.faults.reached(CrashPoint.AFTER_SEND)
             except BaseException:
                 await rollback_quietly(tx)
                 raise
             await tx.commit()  # <- answers durable; only now may the jobs be acked
-        outcomes: dict[str, int] = {}
-        for send in sends:
-            self._log_send(send, recorded=send.target in recorded)
-            if send.target in recorded:
-                outcome = _push_outcome(send)
-                outcomes[outcome] = outcomes.get(outcome, 0) + 1
-        self.metrics.pushes(self.provider.name, outcomes)
-
-    def _dead_token(self, send: _Send) -> DeadToken:
-        assert send.result is not None
-        return DeadToken(
-            tenant=send.target.key.tenant,
-            message_id=send.target.key.message_id,
-            platform=str(send.device.platform),
-            token=send.device.token,
-            reason=send.result.failure_reason or "",
-        )
-
-    def _judge(self, sends: list[_Send], claimed: Verdicts) -> Verdicts:
-        """Each job's verdict from its targets' answers (`claimed` already decided)."""
-        later: dict[Item, tuple[float | None, str]] = {}
-        for send in sends:
-            result = send.result
-            assert result is not None
-            if result.status is SendStatus.CLAIMED:
-                after, _ = later.get(send.item, (None, ""))
-                wanted = max(filter(None, (after, send.retry_after)), default=None)
-                later[send.item] = (wanted, result.failure_reason or "")
-        verdicts = dict(claimed)
-        for send in sends:
-            if send.item in verdicts:
-                continue  # judged, or waiting on another worker's lease
-            if send.item in later:
-                wanted, why = later[send.item]
-                reason = "unknown_outcome" if why.startswith("unknown") else "provider_unavailable"
-                verdicts[send.item] = retry(reason, delay=wanted, error=why)
-            else:
-                verdicts[send.item] = EFFECT
-        return verdicts
-
-    def _log_send(self, send: _Send, *, recorded: bool) -> None:
-        result = send.result
-        assert result is not None
-        fields = {
-            "consumer": self.spec.queue,
-            "tenant": send.target.key.tenant,
-            "message_id": send.target.key.message_id,
-            "attempt": send.item.envelope.attempt if send.item.envelope else 1,
-            "target": send.target.target_index,
-            "platform": str(send.device.platform),
-            "token": redact(send.device.token),
-            "provider": self.provider.name,
-            "apns_id": send.ids.apns_id,
-            "collapse_id": send.ids.collapse_id,
-            "recorded": recorded,
-        }
-        if result.status is SendStatus.SENT:
-            log.info("push_sent", provider_message_id=result.provider_message_id, **fields)
-        elif send.dead_token:
-            log.warning("invalid_token", reason=result.failure_reason, **fields)
-        elif result.status is SendStatus.FAILED:
-            log.warning("push_failed", reason=result.failure_reason, **fields)
-        else:
-            log.warning(
-                "push_deferred",
-                reason=result.failure_reason,
-                retry_after=send.retry_after,
-                **fields,
-            )
-
-
-def _push_outcome(send: _Send) -> str:
-    """The `outcome` label of a recorded answer: sent, failed, invalid_token, deferred, unknown."""
-    result = send.result
-    assert result is not None
-    if result.status is SendStatus.SENT:
-        return "sent"
-    if send.dead_token:
-        return "invalid_token"
-    if result.status is SendStatus.FAILED:
-        return "failed"
-    return "unknown" if (result.failure_reason or "").startswith("unknown") else "deferred"
+        for answer in answers:
+            log_answer(answer, consumer=self.spec.queue, recorded=answer.send.target in recorded)
+        for provider, outcomes in metric_outcomes(answers, recorded).items():
+            self.metrics.pushes(provider, outcomes)

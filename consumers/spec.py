@@ -45,6 +45,7 @@ class PushSpec:
     on_invalid_token: InvalidTokenHook | None = None
     unknown_outcome: UnknownOutcome = UnknownOutcome.RESEND
     lease_seconds: float = 30.0
+    probe_seconds: float = 10.0  # a paused provider's first probe; see consumers.circuit
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,6 +29,7 @@ import structlog
 
 from consumers.app import App
 from consumers.batch import BatchRunner
+from consumers.circuit import Circuits, CircuitState, CircuitView
 from consumers.connection import connect
 from consumers.deadline import longest_deadline
 from consumers.decisions import ConfigurationError
@@ -50,11 +51,21 @@ from providers import Provider
 
 log = structlog.get_logger(__name__)
 
+PUSH_BATCHES_AT_ONCE = 8  # per channel: a slow device holds back only its own batch
+
 
 class BatchLoop:
-    """One channel's deliveries, settled one batch at a time."""
+    """One channel's deliveries, settled one batch at a time, or `at_once` at a time.
 
-    def __init__(self, runner: Runner, max_batch: int, metrics: ConsumerMetrics) -> None:
+    Local-effect batches go one at a time (their acks are `multiple=True`). A push
+    runner settles each job on its own as its answers are recorded, with acks of
+    one delivery each, so several of its batches may be in flight: a job waiting
+    on a slow device then holds back no batch behind it.
+    """
+
+    def __init__(
+        self, runner: Runner, max_batch: int, metrics: ConsumerMetrics, *, at_once: int = 1
+    ) -> None:
         self.runner = runner
         self.max_batch = max_batch
         self.metrics = metrics
@@ -64,24 +75,46 @@ class BatchLoop:
         self.stopping = False
         self.queue: aio_pika.abc.AbstractQueue | None = None
         self.consumer_tag: str | None = None
+        self._slots = asyncio.Semaphore(at_once)
+        self._running: set[asyncio.Task[None]] = set()
 
     async def on_message(self, message: Delivery) -> None:
         self.buffer.append(message)
         self.wake.set()
 
     async def run(self) -> None:
-        while True:
-            if not self.buffer:
-                if self.stopping:
-                    return
-                self.wake.clear()
-                await self.wake.wait()
-                continue
-            take = min(len(self.buffer), self.max_batch)
-            self._count_in_flight(len(self.buffer))
-            batch = [self.buffer.popleft() for _ in range(take)]
-            self.metrics.batch_messages.observe(take)
+        try:
+            while True:
+                if not self.buffer:
+                    if self.stopping:
+                        return
+                    self.wake.clear()
+                    await self.wake.wait()
+                    continue
+                await self._slots.acquire()  # a batch in flight ended, or none is
+                take = min(len(self.buffer), self.max_batch)
+                if take == 0:  # drained while waiting for a slot
+                    self._slots.release()
+                    continue
+                self._count_in_flight(len(self.buffer))
+                batch = [self.buffer.popleft() for _ in range(take)]
+                self.metrics.batch_messages.observe(take)
+                task = asyncio.create_task(self._settle(batch))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+        except asyncio.CancelledError:
+            for task in self._running:  # past the grace period: stop them too
+                task.cancel()
+            raise
+        finally:
+            if self._running:  # stopping: settle the batches in flight first
+                await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def _settle(self, batch: list[Delivery]) -> None:
+        try:
             await run_isolating(self.runner, batch)  # never hands a whole batch back
+        finally:
+            self._slots.release()
             self._count_in_flight(len(self.buffer))
 
     def _count_in_flight(self, now: int) -> None:
@@ -125,6 +158,7 @@ class Worker:
         # The send-lease owner: unique per process, also across PID reuse.
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._providers: dict[str, Provider] = {}
+        self._circuits: dict[str, Circuits] = {}
         self.log_effects = log_effects
         self.pool: asyncpg.Pool | None = None
         self._connection: aio_pika.abc.AbstractRobustConnection | None = None
@@ -175,6 +209,22 @@ class Worker:
             self._providers[spec.queue] = await spec.push.provider()
         return self._providers[spec.queue]
 
+    def _circuits_of(self, spec: HandlerSpec) -> Circuits:
+        """The queue's provider circuits, shared by its batch loops."""
+        assert spec.push is not None
+        if spec.queue not in self._circuits:
+            self._circuits[spec.queue] = Circuits(spec.queue, probe_seconds=spec.push.probe_seconds)
+        return self._circuits[spec.queue]
+
+    def provider_circuits(self) -> list[CircuitView]:
+        """Every push queue's provider circuits: health and metrics read them.
+
+        A provider whose circuit is not `closed` refused our credentials or
+        configuration and is paused (see `consumers.circuit`); the worker is
+        not ready while one is.
+        """
+        return [view for circuits in self._circuits.values() for view in circuits.views()]
+
     async def _start_queue(self, spec: HandlerSpec, dispatcher: Dispatcher, inbox: Inbox) -> None:
         assert self._connection is not None and self.pool is not None
         ws = self.settings.worker
@@ -194,6 +244,7 @@ class Worker:
                     inbox=inbox,
                     ledger=SendLedger(self.settings.database.schema, self.worker_id),
                     provider=await self._provider(spec),
+                    circuits=self._circuits_of(spec),
                     dispatcher=dispatcher,
                     settings=ws,
                     faults=self.app.faults,
@@ -209,7 +260,10 @@ class Worker:
                     faults=self.app.faults,
                     metrics=self.metrics.consumer(spec.queue),
                 )
-            loop = BatchLoop(runner, ws.max_batch, self.metrics.consumer(spec.queue))
+            at_once = PUSH_BATCHES_AT_ONCE if spec.push is not None else 1
+            loop = BatchLoop(
+                runner, ws.max_batch, self.metrics.consumer(spec.queue), at_once=at_once
+            )
             loop.queue = queue
             self._tasks.append(asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}"))
             loop.consumer_tag = await queue.consume(loop.on_message)
@@ -266,6 +320,9 @@ class Worker:
                     await self.pool.fetchval("SELECT 1")
             except Exception as exc:
                 problems.append(f"postgresql: {describe(exc) if str(exc) else type(exc).__name__}")
+        for view in self.provider_circuits():
+            if view.state is not CircuitState.CLOSED:
+                problems.append(f"{view.consumer}: provider {view.provider} paused ({view.reason})")
         if problems:
             return Status(ok=False, detail="; ".join(problems))
         return Status(ok=True, detail=f"consuming {len(self.app.specs)} queue(s)")

@@ -53,8 +53,8 @@ from providers.apns_h2 import ApnsH2Connection
 from providers.apns_settings import PRODUCTION_HOST, SANDBOX_HOST, ApnsSettings
 from providers.apns_token import ApnsToken
 from providers.apns_wire import (
-    EXPIRED_TOKEN_REASON,
     Answer,
+    LastBody,
     Lost,
     NotSentError,
     Outcome,
@@ -255,13 +255,15 @@ class ApnsProvider:
         self._pool: APNsBaseConnectionPool | None = None
         self._closing = False
         self._abandoned: set[_ExactlyOnceProtocol] = set()
+        self._bodies = LastBody()
 
     async def send(
         self, push: Push, ids: SendIds, *, deadline: float | None = None
     ) -> ProviderReceipt:
         if push.target.platform is not Platform.IOS:
             raise PermanentProviderError("UnsupportedPlatform", provider=self.name)
-        headers, body = apns_request(push, ids, host=self._host(), topic=self.settings.topic)
+        host, topic, body = self._host(), self.settings.topic, self._bodies.of(push)
+        headers, body = apns_request(push, ids, host=host, topic=topic, body=body)
         loop = asyncio.get_running_loop()
         timeout = self.settings.timeout_seconds
         start_by = loop.time() + timeout  # waiting for a connection: one timeout at most
@@ -290,13 +292,8 @@ class ApnsProvider:
             connection.closed.add_done_callback(lambda _: self._abandoned.discard(connection))
             raise UnknownOutcomeError("Timeout", provider=self.name)
         outcome = answer.result()
-        if (
-            self.token is not None
-            and isinstance(outcome, Answer)
-            and outcome.status == 403
-            and reason_of(outcome.body) == EXPIRED_TOKEN_REASON
-        ):
-            self.token.expired()
+        if isinstance(outcome, Answer) and outcome.status == 403 and self.token is not None:
+            self.token.refused(reason_of(outcome.body))
         return apns_result(outcome, sent_apns_id=ids.apns_id, provider=self.name)
 
     async def aclose(self) -> None:

@@ -19,6 +19,7 @@ import jwt
 MIN_AGE_SECONDS = 20 * 60  # Apple: at most one new token per 20 minutes
 MAX_AGE_SECONDS = 55 * 60  # Apple refuses tokens older than 60 minutes
 REFRESH_SECONDS = 50 * 60
+EXPIRED_REASON = "ExpiredProviderToken"
 
 
 class ApnsToken:
@@ -51,10 +52,11 @@ class ApnsToken:
             self._sign(now)
         return self._header
 
-    def expired(self) -> None:
-        """APNs answered ExpiredProviderToken: sign a new one, if 20 minutes allow it."""
+    def refused(self, reason: str | None) -> None:
+        """APNs answered 403 `reason`: for ExpiredProviderToken sign a new token, if 20
+        minutes allow it (any other refusal is not the token's age)."""
         now = self._clock()
-        if now - self._issued_at >= MIN_AGE_SECONDS:
+        if reason == EXPIRED_REASON and now - self._issued_at >= MIN_AGE_SECONDS:
             self._sign(now)
 
     def _sign(self, now: float) -> None:

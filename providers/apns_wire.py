@@ -35,11 +35,10 @@ from providers.push import Priority, Push
 INVALID_TOKEN_REASONS = frozenset(
     {"BadDeviceToken", "DeviceTokenNotForTopic", "Unregistered", "ExpiredToken"}
 )
-EXPIRED_TOKEN_REASON = "ExpiredProviderToken"
 CONFIGURATION_REASONS = frozenset(
     {
         "InvalidProviderToken",
-        EXPIRED_TOKEN_REASON,
+        "ExpiredProviderToken",
         "MissingProviderToken",
         "BadCertificate",
         "BadCertificateEnvironment",
@@ -91,9 +90,9 @@ class NotSentError(Exception):
 
 
 def apns_request(
-    push: Push, ids: SendIds, *, host: str, topic: str
+    push: Push, ids: SendIds, *, host: str, topic: str, body: bytes | None = None
 ) -> tuple[list[tuple[str, str]], bytes]:
-    """The HTTP/2 request headers and JSON body of one push."""
+    """The HTTP/2 request headers and JSON body of one push (`body`, if already encoded)."""
     push_type = push.effective_push_type
     headers = [
         (":method", "POST"),
@@ -111,7 +110,28 @@ def apns_request(
     if push.ttl_seconds is not None:
         expiration = 0 if push.ttl_seconds <= 0 else int(time.time()) + push.ttl_seconds
         headers.append(("apns-expiration", str(expiration)))
-    return headers, json.dumps(apns_payload(push), ensure_ascii=False).encode()
+    return headers, body if body is not None else apns_body(push)
+
+
+def apns_body(push: Push) -> bytes:
+    return json.dumps(apns_payload(push), ensure_ascii=False).encode()
+
+
+class LastBody:
+    """The JSON body of the last push, reused while the pushes share its notification
+    object: the targets of one job do, so a fan-out job encodes its payload once."""
+
+    def __init__(self) -> None:
+        self._notification: object = None
+        self._push_type = ""
+        self._body = b""
+
+    def of(self, push: Push) -> bytes:
+        push_type = push.effective_push_type
+        if push.notification is not self._notification or push_type != self._push_type:
+            self._body = apns_body(push)
+            self._notification, self._push_type = push.notification, push_type
+        return self._body
 
 
 def apns_payload(push: Push) -> dict[str, Any]:

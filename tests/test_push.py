@@ -298,7 +298,11 @@ async def test_worker_killed_after_provider_accepted_sends_at_most_once_more_wit
     fake_apns: FakeApns,
     fake_fcm: FakeFcm,
 ) -> None:
-    first = spawn_push({"PROVING_CRASH_AT": "after_send", "TEST_LEASE_SECONDS": "1"})
+    # A short lease, so the second worker may take over soon; the provider's timeout
+    # and FCM's 3 s connect timeout fit inside it (no send starts that could not be
+    # answered before it ends).
+    short_lease = {"TEST_LEASE_SECONDS": "5", "TEST_PROVIDER_TIMEOUT": "1"}
+    first = spawn_push({"PROVING_CRASH_AT": "after_send", **short_lease})
     await wait_declared(AMQP_URL, queue_name)
     await publisher.publish(queue_name, job(IOS, ANDROID), message_id="crash-in-send")
     assert await first.wait(timeout=30) == -signal.SIGKILL
@@ -306,7 +310,7 @@ async def test_worker_killed_after_provider_accepted_sends_at_most_once_more_wit
     assert answered >= 1  # the answer being recorded when it died
     assert {s for _, s, _ in await ledger(pruned)} == {"sending"}  # nothing recorded
 
-    second = spawn_push({"TEST_LEASE_SECONDS": "1"})
+    second = spawn_push(short_lease)
     await wait_for(lambda: all_settled(pruned, 2), timeout=30)
     second.terminate()
     await second.expect_exit(0)

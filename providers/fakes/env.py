@@ -62,6 +62,9 @@ def router_from_env(
                 project_id=env[f"{prefix}FCM_PROJECT"],
                 base_url=env[f"{prefix}FCM_BASE_URL"],
                 timeout_seconds=timeout_seconds,
+                # Local fakes connect at once; a send must start with connect + read
+                # timeouts before its lease's deadline, so keep the first small.
+                connect_timeout_seconds=min(3.0, timeout_seconds),
             )
         ),
     )

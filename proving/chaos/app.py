@@ -31,7 +31,9 @@ POISON_QUEUE = "chaos.poison"
 PUSH_QUEUE = "chaos.push"
 FOLLOWUP_QUEUE = "chaos.followup"
 PROVIDER_TIMEOUT_S = 2.0
-PUSH_LEASE_S = 6.0  # above the provider timeout, as `push_handler` requires
+# Sends start only while their timeouts (FCM: connect + read) fit before 90% of
+# the lease: a lease of a few timeouts leaves room for queues under load.
+PUSH_LEASE_S = 15.0
 POISON_MAX_ATTEMPTS = 5
 
 EFFECTS_TABLE = """

@@ -101,7 +101,7 @@ def test_provider_token_is_refreshed_between_20_and_55_minutes_of_age(
     token = ApnsToken(key=fake_apns_key, key_id="K", team_id="T", clock=lambda: now[0])
     first = token.get_header()
     now[0] += 19 * 60
-    token.expired()  # APNs said expired, but 20 minutes have not passed: keep it
+    token.refused("ExpiredProviderToken")  # but 20 minutes have not passed: keep it
     assert token.get_header() == first
     now[0] += 30 * 60  # 49 minutes old
     assert token.get_header() == first
@@ -109,7 +109,9 @@ def test_provider_token_is_refreshed_between_20_and_55_minutes_of_age(
     second = token.get_header()
     assert second != first
     now[0] += 21 * 60
-    token.expired()
+    token.refused("InvalidProviderToken")  # not about its age
+    assert token.get_header() == second
+    token.refused("ExpiredProviderToken")
     assert token.get_header() != second
     assert token.signed == 3
     for outside in (19 * 60, 56 * 60):

@@ -1,0 +1,69 @@
+"""Issue 9, case 2: a silent device delays only its own job, never the queue behind it."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+
+from consumers import App, Publisher, Settings, Worker, push_job_body
+from dedupe import DbConnection
+from providers import ApnsProvider, Platform, Provider, Target
+from providers.fakes.apns import FakeApns
+from tests.apps.push_app import FAST_RETRY
+from tests.support import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST_JOBS = 200
+TIMEOUT = 5.0  # the silent device's send ends only at the provider's timeout
+P99_LIMIT = 2.0
+
+
+async def test_200_fast_jobs_behind_a_silent_device_are_recorded_within_2_s_at_p99(
+    db: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    fake_apns: FakeApns,
+) -> None:
+    fake_apns.script("silent-device-xxxx", latency=60.0)  # never answers in time
+    app = App(retry=FAST_RETRY)
+
+    async def provider() -> Provider:
+        return ApnsProvider(fake_apns.settings(timeout_seconds=TIMEOUT))
+
+    app.push_handler(queue_name, provider=provider, lease_seconds=30.0)
+    published: dict[str, float] = {}
+    async with Worker(app, settings):
+        silent = Target(platform=Platform.IOS, token="silent-device-xxxx")
+        await publisher.publish(
+            queue_name, push_job_body(targets=[silent], body="x"), message_id="silent"
+        )
+        await wait_for(lambda: _requested(fake_apns, 1))
+        for n in range(FAST_JOBS):
+            device = Target(platform=Platform.IOS, token=f"fast-device-{n:04d}")
+            published[f"fast-{n}"] = time.time()
+            body = push_job_body(targets=[device], body="x")
+            await publisher.publish(queue_name, body, message_id=f"fast-{n}")
+        await wait_for(lambda: _sent(db, FAST_JOBS), timeout=60)
+        rows = await db.fetch(
+            "SELECT message_id, extract(epoch FROM updated_at)::float8 AS at"
+            " FROM outbound_sends WHERE status = 'sent'"
+        )
+    delays = sorted(r["at"] - published[r["message_id"]] for r in rows)
+    p99 = delays[int(len(delays) * 0.99) - 1]
+    print(
+        f"fast jobs recorded after publish: p50 {statistics.median(delays):.3f} s, p99 {p99:.3f} s"
+    )
+    assert p99 <= P99_LIMIT, f"p99 {p99:.2f} s behind a silent device"
+
+
+async def _requested(fake: FakeApns, n: int) -> bool:
+    return len(fake.requests) >= n
+
+
+async def _sent(db: DbConnection, n: int) -> bool:
+    sent = await db.fetchval("SELECT count(*) FROM outbound_sends WHERE status = 'sent'")
+    return bool(sent >= n)

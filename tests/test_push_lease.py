@@ -1,0 +1,97 @@
+"""Issue 9, case 1: no device is sent twice without a fault, however long sends queue.
+
+The scenario of the issue, scaled to the test budget: the provider answers
+slowly, one job fans out to more devices than the provider can have in flight,
+so sends queue (FCM's thread pool, APNs' stream limit) for longer than the
+ledger lease; a duplicate delivery of the job reaches a second worker after
+the lease. No send may start after its lease can have expired: the second
+worker must find every target either answered or back in `claimed`, never
+`sending` under a lapsed lease while the first worker is still sending it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pytest
+
+from consumers import App, Publisher, Settings, Worker, push_job_body
+from dedupe import DbConnection
+from providers import ApnsProvider, FcmProvider, Platform, PlatformRouter, Provider, Target
+from providers.fakes.apns import ApnsReply, FakeApns
+from providers.fakes.fcm import FakeFcm, FcmReply
+from tests.apps.push_app import FAST_RETRY
+from tests.support import settle, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+DEVICES = 40
+LATENCY = 0.5  # the provider's answer time
+IN_FLIGHT = 4  # FCM threads; APNs streams on its one connection
+TIMEOUT = 1.0
+LEASE = 3.0  # 40 devices / 4 in flight * 0.5 s = 5 s of sending: longer than the lease
+
+
+def lease_app(queue: str, apns: FakeApns, fcm: FakeFcm) -> App:
+    app = App(retry=FAST_RETRY)
+
+    async def provider() -> Provider:
+        return PlatformRouter(
+            apns=ApnsProvider(apns.settings(timeout_seconds=TIMEOUT, max_connections=1)),
+            fcm=FcmProvider(
+                fcm.settings(
+                    timeout_seconds=TIMEOUT, connect_timeout_seconds=0.5, max_workers=IN_FLIGHT
+                )
+            ),
+        )
+
+    app.push_handler(queue, provider=provider, lease_seconds=LEASE)
+    return app
+
+
+@pytest.mark.parametrize("platform", [Platform.ANDROID, Platform.IOS])
+async def test_slow_fanout_with_a_duplicate_after_the_lease_sends_no_device_twice(
+    platform: Platform,
+    db: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+) -> None:
+    async with (
+        FakeApns(max_concurrent_streams=IN_FLIGHT, unscripted=ApnsReply(latency=LATENCY)) as apns,
+        FakeFcm() as fcm,
+    ):
+        fcm.unscripted = FcmReply(latency=LATENCY)
+        requests = apns.requests if platform is Platform.IOS else fcm.requests
+        targets = [Target(platform=platform, token=f"device-{n:04d}-xxxx") for n in range(DEVICES)]
+        body = push_job_body(targets=targets, title="Sale", body="Today only")
+        app = lease_app(queue_name, apns, fcm)
+        # The first worker holds one delivery at a time: the duplicate goes to the second.
+        holding_one = replace(settings, worker=replace(settings.worker, prefetch=1))
+        async with Worker(app, holding_one), Worker(app, settings):
+            await publisher.publish(queue_name, body, message_id="fanout-1")
+            await wait_for(lambda: _some(requests))
+            await asyncio.sleep(LEASE + 0.5)  # the scenario: the copy arrives after the lease
+            await publisher.publish(queue_name, body, message_id="fanout-1")
+            await wait_for(lambda: _all_sent(db, DEVICES), timeout=60)
+            await settle(lambda: _count(requests), quiet=1.5)
+        sent = Counter(r.token for r in requests)
+        assert set(sent) == {t.token for t in targets}
+        twice = sorted(token for token, n in sent.items() if n > 1)
+        assert twice == [], f"{len(twice)} of {DEVICES} devices sent twice"
+
+
+async def _some(requests: Sequence[object]) -> bool:
+    return bool(requests)
+
+
+async def _count(requests: Sequence[object]) -> int:
+    return len(requests)
+
+
+async def _all_sent(db: DbConnection, n: int) -> bool:
+    sent = await db.fetchval("SELECT count(*) FROM outbound_sends WHERE status = 'sent'")
+    return bool(sent >= n)
