@@ -59,6 +59,13 @@ from proving.chaos.workload import JobKind, ResilientPublisher, plan
 
 log = structlog.get_logger(__name__)
 
+# How long counting after the run may take: a few seconds when the services answer.
+COUNT_DEADLINE_S = 120.0
+
+
+class ChaosError(Exception):
+    """The run could not be counted (a private service stopped answering)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Outcome:
@@ -290,20 +297,29 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         await fleet.stop()
         await relays.stop()
         await watcher.stop()
-        await watcher.drain()
-        connection = await aio_pika.connect(rabbit.url)
+        # Counting has a deadline: a broker or database that stopped answering
+        # fails the run here, saying so, instead of hanging until a caller's timeout.
         try:
-            stuck = await count_stuck(await connection.channel(), target)
-        finally:
-            await connection.close()
-        conn = await asyncpg.connect(postgres.url)
-        try:
-            effects = await effect_counts(conn)
-            followups = await followup_counts(conn)
-            stuck += await count_unpublished(conn)
-            status = await ledger_status(conn)
-        finally:
-            await conn.close()
+            async with asyncio.timeout(COUNT_DEADLINE_S):
+                await watcher.drain()
+                connection = await aio_pika.connect(rabbit.url, timeout=10)
+                try:
+                    stuck = await count_stuck(await connection.channel(), target)
+                finally:
+                    await connection.close()
+                conn = await asyncpg.connect(postgres.url, timeout=10)
+                try:
+                    effects = await effect_counts(conn)
+                    followups = await followup_counts(conn)
+                    stuck += await count_unpublished(conn)
+                    status = await ledger_status(conn)
+                finally:
+                    await conn.close()
+        except TimeoutError:
+            raise ChaosError(
+                f"counting after the run took over {COUNT_DEADLINE_S:.0f} s: the private"
+                f" broker ({rabbit.url}) or database stopped answering; logs in {workdir}"
+            ) from None
         push = check_pushes(devices, fakes.requests(), status) if fakes else None
         if push is not None:
             injector.record_scripts(push.scripts_served)
