@@ -18,6 +18,7 @@ queue framework exports, per consumer: the duplicates we absorbed
     idempotent_workers_pushes_total{consumer,provider,outcome}   provider answers recorded
     idempotent_workers_sends_resent_total{consumer}              sent again, outcome unknown
     idempotent_workers_leases_taken_over_total{consumer}         a crashed sender's expired lease
+    idempotent_workers_provider_circuit_open{consumer,provider}  1: paused, credentials refused
     idempotent_workers_ready                                     processes ready (see health)
     idempotent_workers_heartbeat_timestamp_seconds               the event loop's last beat
     idempotent_workers_dedupe_rows                               processed_messages, estimated
@@ -26,13 +27,6 @@ queue framework exports, per consumer: the duplicates we absorbed
     idempotent_workers_relay_lag_seconds                         the oldest pending row's age
 
 The last four are read from PostgreSQL when scraped (`DedupeCollector`).
-
-Not yet here: the provider circuit state. The breaker (`consumers.circuit`,
-`Worker.provider_circuits()`) had not landed when this was written; when it
-does, a gauge `idempotent_workers_provider_circuit_open{consumer,provider}`
-(1 while open or probing, multiprocess_mode="livemax") set from
-`Worker.readiness()`, which also adds one problem per open circuit (so
-/readyz answers 503), is the whole change, with a panel in the dashboard.
 
 Cost: recorded per batch (a counter incremented by n), not per message,
 except the handler histogram (one observation per handler call).
@@ -157,6 +151,13 @@ class Metrics:
             PREFIX + "leases_taken_over",
             "Send leases of a crashed worker taken over after they expired.",
             ["consumer"],
+            registry=r,
+        )
+        self.circuit_open = Gauge(
+            PREFIX + "provider_circuit_open",
+            "1 while a provider's circuit is open or probing (our credentials refused).",
+            ["consumer", "provider"],
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.ready = Gauge(

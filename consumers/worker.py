@@ -301,7 +301,11 @@ class Worker:
         self._closed.set()
 
     async def readiness(self) -> Status:
-        """Connected to RabbitMQ and PostgreSQL and consuming (see consumers.health)."""
+        """Connected to RabbitMQ and PostgreSQL, consuming, no provider circuit open.
+
+        Also moves the circuit gauges: the readiness check runs every few
+        seconds, which is as often as they need to move.
+        """
         problems: list[str] = []
         if self._stopping:
             problems.append("stopping")
@@ -323,6 +327,9 @@ class Worker:
         for view in self.provider_circuits():
             if view.state is not CircuitState.CLOSED:
                 problems.append(f"{view.consumer}: provider {view.provider} paused ({view.reason})")
+        for view in self.provider_circuits():
+            paused = view.state is not CircuitState.CLOSED
+            self.metrics.circuit_open.labels(view.consumer, view.provider).set(1 if paused else 0)
         if problems:
             return Status(ok=False, detail="; ".join(problems))
         return Status(ok=True, detail=f"consuming {len(self.app.specs)} queue(s)")

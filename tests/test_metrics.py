@@ -9,9 +9,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 
-from consumers import Publisher
+from consumers import App, Publisher, Settings, Worker, push_job_body
 from dedupe import DbConnection, Outbox
+from providers import FcmProvider, Platform, Provider, Target
+from providers.fakes.fcm import FakeFcm, FcmReply
 from proving.chaos.proxy import FaultProxy
+from tests.apps.push_app import FAST_RETRY
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
 from tests.support import http_get, scrape, settle, wait_declared, wait_for
 
@@ -144,3 +147,51 @@ async def _count(db: DbConnection) -> int:
 
 async def _effects(db: DbConnection, n: int) -> bool:
     return await _count(db) >= n
+
+
+async def test_an_open_provider_circuit_makes_the_worker_not_ready_and_shows_in_metrics(
+    db: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    fake_fcm: FakeFcm,
+) -> None:
+    fake_fcm.unscripted = FcmReply(status=403, error_code="PERMISSION_DENIED")
+    app = App(retry=FAST_RETRY)
+
+    async def provider() -> Provider:
+        return FcmProvider(fake_fcm.settings(timeout_seconds=5.0))
+
+    app.push_handler(queue_name, provider=provider, probe_seconds=0.5)
+    async with Worker(app, settings) as worker:
+        assert (await worker.readiness()).ok
+        device = Target(platform=Platform.ANDROID, token="device-0001-xxxx")
+        await publisher.publish(
+            queue_name, push_job_body(targets=[device], body="x"), message_id="j-1"
+        )
+
+        async def paused() -> bool:
+            return not (await worker.readiness()).ok
+
+        await wait_for(paused, timeout=60)
+        status = await worker.readiness()
+        assert "provider fcm paused" in status.detail and "PERMISSION_DENIED" in status.detail
+        key = f'{M}provider_circuit_open{{consumer="{queue_name}",provider="fcm"}}'
+        assert _samples(worker)[key] == 1
+
+        fake_fcm.unscripted = FcmReply()  # the credentials are fixed: a probe resumes
+
+        async def resumed() -> bool:
+            return (await worker.readiness()).ok
+
+        await wait_for(resumed, timeout=60)
+        assert _samples(worker)[key] == 0
+
+
+def _samples(worker: Worker) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for family in worker.metrics.registry.collect():
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            found[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return found
