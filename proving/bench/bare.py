@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
 import aio_pika
 import asyncpg
@@ -32,30 +33,36 @@ async def _queue(
     return await channel.get_queue(run.sandbox.queue, ensure=False)
 
 
+async def consume_acking_multiple(
+    queue: aio_pika.abc.AbstractQueue, until: Callable[[], Awaitable[object]]
+) -> None:
+    """Consume `queue`, one `ack(multiple=True)` per wake-up and nothing else, until `until()`."""
+    newest: list[Delivery] = []
+    wake = asyncio.Event()
+
+    async def on_message(message: Delivery) -> None:
+        newest.append(message)
+        wake.set()
+
+    async def acker() -> None:
+        while True:
+            await wake.wait()
+            wake.clear()
+            last = newest[-1]
+            newest.clear()
+            await last.ack(multiple=True)
+
+    task = asyncio.create_task(acker())
+    tag = await queue.consume(on_message)
+    await until()
+    await queue.cancel(tag)
+    task.cancel()
+
+
 async def ceiling(run: Run) -> None:
     connection = await aio_pika.connect(run.settings.amqp.url)
     try:
-        queue = await _queue(connection, run)
-        newest: list[Delivery] = []
-        wake = asyncio.Event()
-
-        async def on_message(message: Delivery) -> None:
-            newest.append(message)
-            wake.set()
-
-        async def acker() -> None:
-            while True:
-                await wake.wait()
-                wake.clear()
-                last = newest[-1]
-                newest.clear()
-                await last.ack(multiple=True)
-
-        task = asyncio.create_task(acker())
-        tag = await queue.consume(on_message)
-        await run.finished()
-        await queue.cancel(tag)
-        task.cancel()
+        await consume_acking_multiple(await _queue(connection, run), run.finished)
     finally:
         await connection.close()
 

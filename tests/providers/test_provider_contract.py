@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import pytest
 
@@ -73,40 +74,30 @@ def _recording() -> Subject:
     )
 
 
-def _apns(fake: FakeApns) -> Subject:
-    def script(token: str, answer: Answer) -> None:
-        if answer is Answer.UNREGISTERED:
-            fake.script(token, status=410)
-        elif answer is Answer.THROTTLED:
-            fake.script(token, status=429, retry_after=7)
-        elif answer is Answer.UNAVAILABLE:
-            fake.script(token, status=503)
-        else:
-            fake.script(token, latency=TIMEOUT_S * 3)
+# How each fake is told to give each answer; only the dead-token status differs.
+FAKE_SCRIPTS: dict[Answer, dict[str, Any]] = {
+    Answer.THROTTLED: {"status": 429, "retry_after": 7},
+    Answer.UNAVAILABLE: {"status": 503},
+    Answer.SILENT: {"latency": TIMEOUT_S * 3},
+}
 
+
+def _apns(fake: FakeApns) -> Subject:
+    scripts = {**FAKE_SCRIPTS, Answer.UNREGISTERED: {"status": 410}}
     return Subject(
         provider=ApnsProvider(fake.settings(timeout_seconds=TIMEOUT_S)),
         platform=Platform.IOS,
-        script=script,
+        script=lambda token, answer: fake.script(token, **scripts[answer]),
         requests=lambda token: len(fake.requests_for(token)),
     )
 
 
 def _fcm(fake: FakeFcm) -> Subject:
-    def script(token: str, answer: Answer) -> None:
-        if answer is Answer.UNREGISTERED:
-            fake.script(token, status=404)
-        elif answer is Answer.THROTTLED:
-            fake.script(token, status=429, retry_after=7)
-        elif answer is Answer.UNAVAILABLE:
-            fake.script(token, status=503)
-        else:
-            fake.script(token, latency=TIMEOUT_S * 3)
-
+    scripts = {**FAKE_SCRIPTS, Answer.UNREGISTERED: {"status": 404}}
     return Subject(
         provider=FcmProvider(fake.settings(timeout_seconds=TIMEOUT_S)),
         platform=Platform.ANDROID,
-        script=script,
+        script=lambda token, answer: fake.script(token, **scripts[answer]),
         requests=lambda token: len(fake.requests_for(token)),
     )
 

@@ -13,9 +13,8 @@ import sys
 
 import aio_pika
 
+from proving.bench.bare import consume_acking_multiple
 from proving.bench.scale.instrument import install_from_env
-
-Delivery = aio_pika.abc.AbstractIncomingMessage
 
 
 async def consume(url: str, queue_name: str, prefetch: int) -> None:
@@ -28,26 +27,7 @@ async def consume(url: str, queue_name: str, prefetch: int) -> None:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=prefetch)
         queue = await channel.get_queue(queue_name, ensure=False)
-        newest: list[Delivery] = []
-        wake = asyncio.Event()
-
-        async def on_message(message: Delivery) -> None:
-            newest.append(message)
-            wake.set()
-
-        async def acker() -> None:
-            while True:
-                await wake.wait()
-                wake.clear()
-                last = newest[-1]
-                newest.clear()
-                await last.ack(multiple=True)
-
-        task = asyncio.create_task(acker())
-        tag = await queue.consume(on_message)
-        await stop.wait()
-        await queue.cancel(tag)
-        task.cancel()
+        await consume_acking_multiple(queue, stop.wait)
     finally:
         await connection.close()
 
