@@ -134,14 +134,19 @@ async def test_ids_are_derived_from_the_dedupe_key_and_collapse_on_the_device(
         await harness.publish(job(IOS, IOS_2, ANDROID), message_id="m-1")
         await harness.publish(job(IOS, collapse_key="order-1042"), message_id="m-2")
         await wait_for(lambda: all_settled(pruned, 4))
-    first, second = fake_apns.requests_for(IOS.token)
+    # The two jobs are sent concurrently: tell m-2's request to IOS by its own
+    # collapse key, not by arrival order.
+    to_ios = fake_apns.requests_for(IOS.token)
+    second = [r for r in to_ios if r.collapse_id == "order-1042"]  # the job's own key wins
+    first = [r for r in to_ios if r not in second]
+    assert (len(first), len(second)) == (1, 1), [r.collapse_id for r in to_ios]
+    first_ios = first[0]
     other = fake_apns.requests_for(IOS_2.token)[0]
-    assert first.apns_id != other.apns_id  # per target
-    assert first.collapse_id == other.collapse_id  # per job
-    assert second.collapse_id == "order-1042"  # the job's own key wins
+    assert first_ios.apns_id != other.apns_id  # per target
+    assert first_ios.collapse_id == other.collapse_id  # per job
     android = fake_fcm.requests_for(ANDROID.token)[0].message
-    assert android["android"]["collapse_key"] == first.collapse_id
-    assert android["android"]["notification"]["tag"] == first.collapse_id
+    assert android["android"]["collapse_key"] == first_ios.collapse_id
+    assert android["android"]["notification"]["tag"] == first_ios.collapse_id
 
 
 async def test_fanout_job_retried_after_partial_send_sends_only_the_missing_target(
