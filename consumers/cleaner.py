@@ -62,7 +62,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
             retention,
             progress=lambda r: print(
                 f"cleanup: deleted so far: outbound_sends={r.outbound_sends} "
-                f"processed_messages={r.processed_messages}",
+                f"processed_messages={r.processed_messages} outbox={r.outbox} "
+                f"ingress_keys={r.ingress_keys} ingress_messages={r.ingress_messages}",
                 flush=True,
             ),
             wait=args.wait,
@@ -75,7 +76,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     print(
         f"cleanup: schema={schema} older_than={keep_days}d "
         f"processed_messages={result.processed_messages} outbound_sends={result.outbound_sends}"
-        f" outbox={result.outbox}"
+        f" outbox={result.outbox} ingress_keys={result.ingress_keys}"
+        f" ingress_messages={result.ingress_messages}"
     )
     return 0
 
@@ -101,6 +103,8 @@ async def clean_periodically(settings: Settings) -> None:
                 processed_messages=result.processed_messages,
                 outbound_sends=result.outbound_sends,
                 outbox=result.outbox,
+                ingress_keys=result.ingress_keys,
+                ingress_messages=result.ingress_messages,
                 batches=result.batches,
             )
 

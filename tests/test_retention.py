@@ -80,6 +80,18 @@ async def test_cleanup_deletes_old_published_outbox_rows_and_keeps_pending_ones(
 
 async def test_cleanup_command_reports_what_it_deleted(db: DbConnection, schema: str) -> None:
     await _seed(db)
+    # The send API's rows: 3 old keys, their 3 messages of which one is still queued.
+    await db.execute(
+        "INSERT INTO ingress_messages (id, tenant, queue, targets, status, created_at)"
+        " SELECT gen_random_uuid(), 't', 'q', 1, CASE WHEN n = 1 THEN 'queued' ELSE 'taken' END,"
+        "  now() - interval '8 days' FROM generate_series(1, 3) n"
+    )
+    await db.execute(
+        "INSERT INTO ingress_idempotency_keys"
+        " (tenant, idempotency_key, fingerprint, message_id, created_at)"
+        " SELECT 't', 'k-' || n, '\\x00', gen_random_uuid(), now() - interval '8 days'"
+        " FROM generate_series(1, 3) n"
+    )
     done = subprocess.run(
         [sys.executable, "-m", "consumers", "cleanup", "--keep-days", "7", "--batch-size", "7"],
         env={"DATABASE_URL": DATABASE_URL, "DATABASE_SCHEMA": schema, "PATH": "/usr/bin"},
@@ -90,9 +102,10 @@ async def test_cleanup_command_reports_what_it_deleted(db: DbConnection, schema:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert f"cleanup: schema={schema} older_than=7.0d processed_messages=25 outbound_sends=1" in (
-        done.stdout
-    )
+    assert (
+        f"cleanup: schema={schema} older_than=7.0d processed_messages=25 outbound_sends=1"
+        " outbox=0 ingress_keys=3 ingress_messages=2"
+    ) in done.stdout
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
