@@ -18,38 +18,14 @@ from providers import (
     ProviderConfigurationError,
     ProviderError,
     Push,
-    SendIds,
     Target,
     TransientProviderError,
     UnknownOutcomeError,
-    send_ids,
 )
 from providers.fakes.apns import FakeApns
+from tests.providers.pushes import ids_for, push_to
 
 pytestmark = pytest.mark.timeout(20)
-
-
-def push_to(
-    token: str,
-    platform: Platform = Platform.IOS,
-    *,
-    priority: Priority | None = None,
-    ttl_seconds: int | None = None,
-    collapse_key: str | None = None,
-) -> Push:
-    """A visible notification to one device."""
-    note = Notification(title="Your order shipped", body="It arrives Friday", data={"order": "1"})
-    return Push(
-        target=Target(platform=platform, token=token),
-        notification=note,
-        priority=priority,
-        ttl_seconds=ttl_seconds,
-        collapse_key=collapse_key,
-    )
-
-
-def ids_for(token: str, job: str = "order-1042-shipped") -> SendIds:
-    return send_ids(job, token)
 
 
 async def test_success_records_the_answered_apns_id(

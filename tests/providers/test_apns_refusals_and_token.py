@@ -9,44 +9,28 @@ import pytest
 
 from providers import (
     ApnsProvider,
-    Notification,
-    Platform,
     ProviderConfigurationError,
-    ProviderError,
     ProviderReceipt,
-    Push,
-    Target,
     TransientProviderError,
     UnknownOutcomeError,
-    send_ids,
 )
 from providers.apns_token import ApnsToken
 from providers.fakes.apns import ApnsReply, FakeApns
+from tests.providers.pushes import push_to, send_or_error
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def push_to(token: str) -> Push:
-    return Push(
-        target=Target(platform=Platform.IOS, token=token), notification=Notification(body="x")
-    )
-
-
-async def send(provider: ApnsProvider, token: str) -> ProviderReceipt | ProviderError:
-    try:
-        return await provider.send(push_to(token), send_ids("job", token))
-    except ProviderError as exc:
-        return exc
 
 
 async def test_refused_stream_is_transient_never_unknown(
     apns: ApnsProvider, fake_apns: FakeApns
 ) -> None:
     fake_apns.script("refused", refuse=True, times=1)
-    answer = await send(apns, "refused")
+    answer = await send_or_error(apns, push_to("refused"))
     assert type(answer) is TransientProviderError, answer
     assert answer.reason == "RefusedStream"
-    assert isinstance(await send(apns, "refused"), ProviderReceipt)  # a resend is safe
+    assert isinstance(
+        await send_or_error(apns, push_to("refused")), ProviderReceipt
+    )  # a resend is safe
     assert len(fake_apns.requests_for("refused")) == 2
 
 
@@ -55,10 +39,10 @@ async def test_goaway_unprocessed_stream_is_transient_processed_one_unknown(
 ) -> None:
     fake_apns.script("in-progress", latency=1.0)
     fake_apns.script("after-last", goaway=True)
-    first = asyncio.create_task(send(apns, "in-progress"))
+    first = asyncio.create_task(send_or_error(apns, push_to("in-progress")))
     while not fake_apns.requests:
         await asyncio.sleep(0.01)
-    second = await send(apns, "after-last")
+    second = await send_or_error(apns, push_to("after-last"))
     assert type(second) is TransientProviderError, second  # above last_stream_id
     assert isinstance(await first, UnknownOutcomeError)  # at or below: may have been processed
 
@@ -76,7 +60,7 @@ async def test_credential_and_configuration_answers_fail_no_push(
     apns: ApnsProvider, fake_apns: FakeApns, status: int, reason: str
 ) -> None:
     fake_apns.script("device", status=status, reason=reason)
-    answer = await send(apns, "device")
+    answer = await send_or_error(apns, push_to("device"))
     assert isinstance(answer, ProviderConfigurationError), answer
     assert isinstance(answer, TransientProviderError)  # not sent: a later resend is safe
     assert answer.reason == reason
@@ -86,7 +70,9 @@ async def test_one_provider_token_is_shared_by_every_connection() -> None:
     async with FakeApns(max_concurrent_streams=2, unscripted=ApnsReply(latency=0.2)) as fake:
         provider = ApnsProvider(fake.settings(max_connections=5))
         try:
-            answers = await asyncio.gather(*(send(provider, f"d-{n}") for n in range(20)))
+            answers = await asyncio.gather(
+                *(send_or_error(provider, push_to(f"d-{n}")) for n in range(20))
+            )
         finally:
             await provider.aclose()
     assert all(isinstance(a, ProviderReceipt) for a in answers), answers

@@ -14,51 +14,15 @@ import pytest
 from providers import (
     ApnsProvider,
     InvalidDeviceToken,
-    Notification,
-    Platform,
-    Priority,
     ProviderError,
     ProviderReceipt,
-    Push,
-    SendIds,
-    Target,
     UnknownOutcomeError,
-    send_ids,
 )
 from providers.fakes.apns import FakeApns
+from tests.providers.pushes import ids_for, push_to, send_or_error
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def push_to(
-    token: str,
-    platform: Platform = Platform.IOS,
-    *,
-    priority: Priority | None = None,
-    ttl_seconds: int | None = None,
-    collapse_key: str | None = None,
-) -> Push:
-    """A visible notification to one device."""
-    note = Notification(title="Your order shipped", body="It arrives Friday", data={"order": "1"})
-    return Push(
-        target=Target(platform=platform, token=token),
-        notification=note,
-        priority=priority,
-        ttl_seconds=ttl_seconds,
-        collapse_key=collapse_key,
-    )
-
-
-def ids_for(token: str, job: str = "order-1042-shipped") -> SendIds:
-    return send_ids(job, token)
-
-
-async def _send(provider: ApnsProvider, token: str) -> ProviderReceipt | ProviderError:
-    try:
-        return await provider.send(push_to(token), ids_for(token))
-    except ProviderError as exc:
-        return exc
 
 
 async def test_a_dropped_connection_fails_in_flight_requests_without_resending(
@@ -69,7 +33,9 @@ async def test_a_dropped_connection_fails_in_flight_requests_without_resending(
         fake_apns.script(token, latency=1.0)
     fake_apns.script("dropper", latency=0.2, drop=True)
 
-    results = await asyncio.gather(*(_send(apns, t) for t in [*neighbours, "dropper"]))
+    results = await asyncio.gather(
+        *(send_or_error(apns, push_to(t)) for t in [*neighbours, "dropper"])
+    )
 
     assert all(isinstance(r, UnknownOutcomeError) for r in results)
     await asyncio.sleep(0.5)  # time enough for any resend to arrive
@@ -85,8 +51,8 @@ async def test_b_cancelled_send_neither_hangs_nor_resends_its_neighbours(
     neighbours = [f"neighbour-{i}" for i in range(5)]
     for token in [*neighbours, "cancelled"]:
         fake_apns.script(token, latency=0.4)
-    victim = asyncio.create_task(_send(apns, "cancelled"))
-    others = asyncio.gather(*(_send(apns, t) for t in neighbours))
+    victim = asyncio.create_task(send_or_error(apns, push_to("cancelled")))
+    others = asyncio.gather(*(send_or_error(apns, push_to(t)) for t in neighbours))
     await wait_for(lambda: _received(fake_apns, 6), timeout=10)  # all on the wire
     victim.cancel()
 
@@ -96,7 +62,7 @@ async def test_b_cancelled_send_neither_hangs_nor_resends_its_neighbours(
     assert all(isinstance(r, ProviderReceipt) for r in results)
     await asyncio.sleep(0.5)
     assert len(fake_apns.requests) == 6
-    assert await _send(apns, "after") == ProviderReceipt(
+    assert await send_or_error(apns, push_to("after")) == ProviderReceipt(
         provider="apns", provider_message_id=ids_for("after").apns_id
     )
     assert {r.connection_id for r in fake_apns.requests} == {1}
@@ -111,10 +77,12 @@ async def test_b_timed_out_send_abandons_its_connection_but_not_its_neighbours(
         fake_apns.script(token, latency=0.3)
     fake_apns.script("stuck", latency=2.0)
     try:
-        results = await asyncio.gather(*(_send(provider, t) for t in ["stuck", *neighbours]))
+        results = await asyncio.gather(
+            *(send_or_error(provider, push_to(t)) for t in ["stuck", *neighbours])
+        )
         assert isinstance(results[0], UnknownOutcomeError)
         assert all(isinstance(r, ProviderReceipt) for r in results[1:])
-        assert isinstance(await _send(provider, "fresh"), ProviderReceipt)
+        assert isinstance(await send_or_error(provider, push_to("fresh")), ProviderReceipt)
     finally:
         await provider.aclose()
     assert len(fake_apns.requests) == 7
@@ -158,7 +126,7 @@ async def test_c_an_error_body_split_across_data_frames_is_read_whole(
         await apns.send(push_to("device-1"), ids_for("device-1"))
 
     assert raised.value.reason == long_reason
-    assert isinstance(await _send(apns, "device-2"), ProviderReceipt)
+    assert isinstance(await send_or_error(apns, push_to("device-2")), ProviderReceipt)
     assert len(fake_apns.requests) == 2
 
 
@@ -167,7 +135,7 @@ async def test_d_aclose_fails_in_flight_requests_without_resending(fake_apns: Fa
     tokens = [f"slow-{i}" for i in range(5)]
     for token in tokens:
         fake_apns.script(token, latency=3.0)
-    sends = asyncio.gather(*(_send(provider, t) for t in tokens))
+    sends = asyncio.gather(*(send_or_error(provider, push_to(t)) for t in tokens))
     await wait_for(lambda: _received(fake_apns, 5), timeout=10)  # all on the wire
 
     await provider.aclose()
@@ -181,7 +149,7 @@ async def test_d_aclose_fails_in_flight_requests_without_resending(fake_apns: Fa
 async def test_d_aclose_lets_in_flight_requests_finish(fake_apns: FakeApns) -> None:
     provider = ApnsProvider(fake_apns.settings(timeout_seconds=2.0))
     fake_apns.script("quick", latency=0.2)
-    send = asyncio.create_task(_send(provider, "quick"))
+    send = asyncio.create_task(send_or_error(provider, push_to("quick")))
     await wait_for(lambda: _received(fake_apns, 1), timeout=10)  # on the wire
 
     await provider.aclose()

@@ -11,42 +11,24 @@ import pytest
 from providers import (
     FcmProvider,
     InvalidDeviceToken,
-    Notification,
     PermanentProviderError,
     Platform,
-    Priority,
     ProviderError,
-    Push,
-    SendIds,
-    Target,
     TransientProviderError,
     UnknownOutcomeError,
     send_ids,
 )
 from providers.fakes.fcm import FakeFcm
+from tests.providers.pushes import fcm_push, ids_for
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def push_to(token: str, platform: Platform = Platform.ANDROID) -> Push:
-    note = Notification(title="Your order shipped", body="It arrives Friday", data={"order": "1"})
-    return Push(
-        target=Target(platform=platform, token=token),
-        notification=note,
-        priority=Priority.HIGH,
-        ttl_seconds=3600,
-    )
-
-
-def ids_for(token: str, job: str = "order-1042-shipped") -> SendIds:
-    return send_ids(job, token)
 
 
 async def test_success_records_the_message_name_and_sets_collapse_ids(
     fcm: FcmProvider, fake_fcm: FakeFcm
 ) -> None:
     ids = send_ids("x" * 200, "device-1")  # long enough to be hashed to fit
-    receipt = await fcm.send(push_to("device-1", Platform.WEB), ids)
+    receipt = await fcm.send(fcm_push("device-1", Platform.WEB), ids)
 
     [request] = fake_fcm.requests
     assert receipt.provider == "fcm"
@@ -91,7 +73,7 @@ async def test_error_answers_map_to_the_error_tree_with_one_post(
     fake_fcm.script("device-1", status=status, field=field, retry_after=header)
 
     with pytest.raises(error) as raised:
-        await fcm.send(push_to("device-1"), ids_for("device-1"))
+        await fcm.send(fcm_push("device-1"), ids_for("device-1"))
 
     assert type(raised.value) is error
     assert (raised.value.status, raised.value.reason) == (status, code)
@@ -107,7 +89,7 @@ async def test_persistent_429_with_retry_after_returns_at_once_after_one_post(
     started = time.monotonic()
 
     with pytest.raises(TransientProviderError):
-        await fcm.send(push_to("device-1"), ids_for("device-1"))
+        await fcm.send(fcm_push("device-1"), ids_for("device-1"))
 
     assert time.monotonic() - started < 1.0  # pyfcm alone would sleep and POST again
     assert len(fake_fcm.requests) == 1
@@ -118,7 +100,7 @@ async def test_read_timeout_is_unknown_outcome_and_never_reposted(fake_fcm: Fake
     provider = FcmProvider(fake_fcm.settings(timeout_seconds=0.3))
     try:
         with pytest.raises(UnknownOutcomeError):
-            await provider.send(push_to("slow"), ids_for("slow"))
+            await provider.send(fcm_push("slow"), ids_for("slow"))
         await asyncio.sleep(1.0)
     finally:
         await provider.aclose()
@@ -131,7 +113,7 @@ async def test_dropped_connection_is_unknown_outcome_and_never_reposted(
     fake_fcm.script("dropper", drop=True)
 
     with pytest.raises(UnknownOutcomeError):
-        await fcm.send(push_to("dropper"), ids_for("dropper"))
+        await fcm.send(fcm_push("dropper"), ids_for("dropper"))
 
     await asyncio.sleep(0.3)
     assert len(fake_fcm.requests) == 1
@@ -145,7 +127,7 @@ async def test_connection_refused_is_transient(fake_fcm: FakeFcm) -> None:
     try:
         # the OAuth token comes from the fake; only the send endpoint is unreachable
         with pytest.raises(TransientProviderError, match="ConnectFailed"):
-            await provider.send(push_to("device-1"), ids_for("device-1"))
+            await provider.send(fcm_push("device-1"), ids_for("device-1"))
     finally:
         await provider.aclose()
     assert fake_fcm.requests == []
@@ -154,7 +136,7 @@ async def test_connection_refused_is_transient(fake_fcm: FakeFcm) -> None:
 async def test_concurrent_first_sends_all_succeed_once(fcm: FcmProvider, fake_fcm: FakeFcm) -> None:
     tokens = [f"device-{i}" for i in range(40)]
 
-    receipts = await asyncio.gather(*(fcm.send(push_to(t), ids_for(t)) for t in tokens))
+    receipts = await asyncio.gather(*(fcm.send(fcm_push(t), ids_for(t)) for t in tokens))
 
     assert len({r.provider_message_id for r in receipts}) == 40
     assert sorted(r.token for r in fake_fcm.requests) == sorted(tokens)
@@ -163,5 +145,5 @@ async def test_concurrent_first_sends_all_succeed_once(fcm: FcmProvider, fake_fc
 async def test_send_after_aclose_is_transient(fcm: FcmProvider, fake_fcm: FakeFcm) -> None:
     await fcm.aclose()
     with pytest.raises(TransientProviderError, match="ProviderClosed"):
-        await fcm.send(push_to("device-1"), ids_for("device-1"))
+        await fcm.send(fcm_push("device-1"), ids_for("device-1"))
     assert fake_fcm.requests == []

@@ -9,38 +9,22 @@ import pytest
 
 from providers import (
     FcmProvider,
-    Notification,
-    Platform,
     ProviderConfigurationError,
-    ProviderError,
     ProviderReceipt,
-    Push,
-    Target,
     TransientProviderError,
-    send_ids,
 )
 from providers.fakes.fcm import FakeFcm
+from tests.providers.pushes import fcm_push, send_or_error
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def push_to(token: str) -> Push:
-    return Push(
-        target=Target(platform=Platform.ANDROID, token=token), notification=Notification(body="x")
-    )
-
-
-async def send(provider: FcmProvider, token: str) -> ProviderReceipt | ProviderError:
-    try:
-        return await provider.send(push_to(token), send_ids("job", token))
-    except ProviderError as exc:
-        return exc
 
 
 async def test_one_access_token_is_shared_by_every_thread(fake_fcm: FakeFcm) -> None:
     provider = FcmProvider(fake_fcm.settings(max_workers=32))
     try:
-        answers = await asyncio.gather(*(send(provider, f"d-{n}") for n in range(400)))
+        answers = await asyncio.gather(
+            *(send_or_error(provider, fcm_push(f"d-{n}")) for n in range(400))
+        )
     finally:
         await provider.aclose()
     assert all(isinstance(a, ProviderReceipt) for a in answers)
@@ -53,10 +37,10 @@ async def test_access_token_is_fetched_again_before_it_expires(fake_fcm: FakeFcm
     fake_fcm.token_lifetime = 227
     provider = FcmProvider(fake_fcm.settings(max_workers=4))
     try:
-        assert isinstance(await send(provider, "first"), ProviderReceipt)
-        assert isinstance(await send(provider, "second"), ProviderReceipt)
+        assert isinstance(await send_or_error(provider, fcm_push("first")), ProviderReceipt)
+        assert isinstance(await send_or_error(provider, fcm_push("second")), ProviderReceipt)
         await asyncio.sleep(2.5)
-        assert isinstance(await send(provider, "third"), ProviderReceipt)
+        assert isinstance(await send_or_error(provider, fcm_push("third")), ProviderReceipt)
     finally:
         await provider.aclose()
     assert fake_fcm.token_requests == 2
@@ -71,7 +55,7 @@ async def test_credential_answers_fail_no_push(
     fcm: FcmProvider, fake_fcm: FakeFcm, status: int, code: str | None
 ) -> None:
     fake_fcm.script("device", status=status, error_code=code)
-    answer = await send(fcm, "device")
+    answer = await send_or_error(fcm, fcm_push("device"))
     assert isinstance(answer, ProviderConfigurationError), answer
     assert isinstance(answer, TransientProviderError)  # not sent: a later resend is safe
     assert len(fake_fcm.requests) == 1
@@ -81,9 +65,11 @@ async def test_refused_oauth_grant_fails_no_push_and_sends_nothing(
     fcm: FcmProvider, fake_fcm: FakeFcm
 ) -> None:
     fake_fcm.refuse_tokens = True
-    answer = await send(fcm, "device")
+    answer = await send_or_error(fcm, fcm_push("device"))
     assert isinstance(answer, ProviderConfigurationError), answer
     assert answer.reason == "AccessTokenRefused"
     assert fake_fcm.requests == []
     fake_fcm.refuse_tokens = False
-    assert isinstance(await send(fcm, "device"), ProviderReceipt)  # fixed: sends again
+    assert isinstance(
+        await send_or_error(fcm, fcm_push("device")), ProviderReceipt
+    )  # fixed: sends again
