@@ -51,6 +51,9 @@ class BenchResult:
         )
 
 
+STARTUP_S = 60.0
+
+
 class FakeServer:
     """A fake APNs or FCM in a child process, so its CPU is not the measured process'.
 
@@ -64,7 +67,17 @@ class FakeServer:
         self._pipe, theirs = context.Pipe()
         self._child = context.Process(target=_serve, args=(service, latency, theirs), daemon=True)
         self._child.start()
-        self.settings: ApnsSettings | FcmSettings = self._pipe.recv()
+        theirs.close()  # the child's end: its death is then EOFError here, not a wait forever
+        if not self._pipe.poll(STARTUP_S):
+            self._child.kill()
+            raise RuntimeError(f"the fake {service} did not start within {STARTUP_S:.0f} s")
+        try:
+            self.settings: ApnsSettings | FcmSettings = self._pipe.recv()
+        except EOFError:
+            self._child.join(timeout=5)
+            raise RuntimeError(
+                f"the fake {service} exited before it listened (exit {self._child.exitcode})"
+            ) from None
 
     def requests(self) -> tuple[int, int]:
         """(requests read, distinct apns-ids among them) since the last `forget()`."""
