@@ -8,6 +8,19 @@ import asyncpg
 
 from dedupe import DbConnection, quote_ident, transition
 from tests.conftest import DATABASE_URL
+from tests.support import wait_for
+
+
+async def blocks_another(pid: int) -> bool:
+    """Whether some session waits on a lock that backend `pid` holds."""
+    conn = await asyncpg.connect(DATABASE_URL)
+    try:
+        waiting = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))", pid
+        )
+        return bool(waiting)
+    finally:
+        await conn.close()
 
 
 async def approve(schema: str, refund: int, gate: asyncio.Barrier) -> str:
@@ -22,7 +35,8 @@ async def approve(schema: str, refund: int, gate: asyncio.Barrier) -> str:
             )
             if moved.won:
                 await conn.execute("INSERT INTO payouts (refund_id) VALUES ($1)", refund)
-                await asyncio.sleep(0.2)  # the other admin's UPDATE waits on our row lock
+                if gate.parties > 1:  # the other admin's UPDATE waits on our row lock
+                    await wait_for(lambda: blocks_another(conn.get_server_pid()), timeout=10)
                 return "approved"
             if moved.already("approved"):
                 return "already approved"
