@@ -16,7 +16,7 @@ from providers.fakes.fcm import FakeFcm, FcmReply
 from proving.chaos.proxy import FaultProxy
 from tests.apps.push_app import FAST_RETRY
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
-from tests.support import http_get, scrape, settle, wait_declared, wait_for
+from tests.support import WorkerProcess, http_get, scrape, settle, wait_declared, wait_for
 
 M = "idempotent_workers_"
 
@@ -120,7 +120,8 @@ async def test_readyz_turns_not_ready_while_postgresql_is_unreachable_and_ready_
         assert status == 503 and "postgresql" in body, body
         assert await answers("/healthz", 200)  # liveness never depends on the services
         await publisher.publish(queue_name, {"n": 2}, message_id="during-cut")
-        await asyncio.sleep(1.0)  # let the worker try and fail a few times
+        # The worker holds that delivery and re-runs its batch while the database is away.
+        await wait_for(lambda: _reruns(worker, 2), timeout=30)
 
         await proxy.start()  # reachable again
         await wait_for(lambda: answers("/readyz", 200), timeout=60)
@@ -138,6 +139,10 @@ async def test_readyz_turns_not_ready_while_postgresql_is_unreachable_and_ready_
 async def _answers(base: str, path: str, code: int) -> bool:
     status, _ = await http_get(base + path)
     return status == code
+
+
+async def _reruns(worker: WorkerProcess, at_least: int) -> bool:
+    return len(worker.events("batch_rerun")) >= at_least
 
 
 async def _count(db: DbConnection) -> int:
