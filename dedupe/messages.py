@@ -2,18 +2,23 @@
 
 `Messages.accept()` takes the requests of one commit (concurrent requests
 share it) and answers each: `queued` with a new id, `duplicate_ignored` with
-the first id, or `idempotency_key_reused`:
+the first id, or `idempotency_key_reused`. One statement, one round trip,
+and when it runs outside a transaction its own commit:
 
-1. one INSERT ... ON CONFLICT DO NOTHING writes the keys, sorted, so two
-   commits sharing keys lock them in one order and cannot deadlock. The
-   primary key decides a race: the second writer waits until the first
-   commits, then sees the conflict;
-2. the winners' message rows, `queued`, in one INSERT;
-3. only if some key conflicted, one SELECT (a fresh snapshot, so it sees the
-   row committed while we waited) reads the stored fingerprints and ids.
+1. the keys, sorted (two commits sharing keys lock them in one order and
+   cannot deadlock), INSERT ... ON CONFLICT DO NOTHING. The primary key
+   decides a race: the second writer waits until the first commits, then
+   sees the conflict;
+2. for each key written, its message row (`queued`) and its outbox row (the
+   push job, message_id derived from the message id, the ingress header
+   naming the message), in the same statement, so a key never exists without
+   its message and its job;
+3. for each key that conflicted, the stored fingerprint and id as the
+   statement's snapshot saw them.
 
-The caller adds the outbox row of each new message before it commits, so a
-key never exists without its message and its job.
+A key that conflicted with a writer that committed after that snapshot is
+not seen by step 3: one more SELECT (a fresh snapshot) reads it. A key gone
+even then (retention deleted it in between) is tried again from step 1.
 
 A message is `queued` until a push worker takes it; `take()` (the worker's
 claim transaction) and `cancel()` are compare-and-sets from `queued`, so of a
@@ -35,6 +40,8 @@ from dedupe.transition import Transition, transition
 
 # The AMQP header naming the ingress message a push job was sent for.
 INGRESS_HEADER = "x-ingress-message"
+JOB_PREFIX = "ingress-"  # of the job's message_id: the prefix, then the message id
+_VANISHED_TRIES = 3
 
 
 class MessageStatus(StrEnum):
@@ -56,6 +63,7 @@ class NewMessage:
     fingerprint: bytes  # of the canonical body, the key field left out
     queue: str
     targets: int
+    job: bytes  # the push job as published: JSON, the key field left out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,7 +92,7 @@ class MessageView:
 
 def job_message_id(message: uuid.UUID) -> str:
     """The AMQP message_id (the push worker's dedupe key) of an ingress message's job."""
-    return f"ingress-{message}"
+    return f"{JOB_PREFIX}{message}"
 
 
 def parse_message_id(text: str) -> uuid.UUID | None:
@@ -103,55 +111,82 @@ class Messages:
         self._keys = f"{q}.ingress_idempotency_keys"
         self._messages = f"{q}.ingress_messages"
         self._sends = f"{q}.outbound_sends"
+        # One row per input row, in input order: (won, stored fingerprint, stored id).
+        self._accept_sql = (
+            "WITH input AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[],"
+            " $3::bytea[], $4::uuid[], $5::text[], $6::int[], $7::bytea[]) WITH ORDINALITY"
+            " AS x(tenant, idempotency_key, fingerprint, id, queue, targets, job, n)),"
+            f" won AS (INSERT INTO {self._keys} (tenant, idempotency_key, fingerprint, message_id)"
+            "  SELECT tenant, idempotency_key, fingerprint, id FROM input ORDER BY n"
+            "  ON CONFLICT DO NOTHING RETURNING message_id),"
+            f" message AS (INSERT INTO {self._messages} (id, tenant, queue, targets, status)"
+            "  SELECT i.id, i.tenant, i.queue, i.targets, 'queued' FROM input i"
+            "  JOIN won w ON w.message_id = i.id),"
+            f" job AS (INSERT INTO {q}.outbox (queue, tenant, message_id, headers, body)"
+            f"  SELECT i.queue, i.tenant, '{JOB_PREFIX}' || i.id,"
+            f"   jsonb_build_object('{INGRESS_HEADER}', i.id::text), i.job"
+            "  FROM input i JOIN won w ON w.message_id = i.id)"
+            " SELECT w.message_id IS NOT NULL, k.fingerprint, k.message_id"
+            " FROM input i LEFT JOIN won w ON w.message_id = i.id"
+            f" LEFT JOIN {self._keys} k ON w.message_id IS NULL"
+            "  AND (k.tenant, k.idempotency_key) = (i.tenant, i.idempotency_key)"
+            " ORDER BY i.n"
+        )
+        self._find_keys_sql = (
+            "SELECT k.tenant, k.idempotency_key, k.fingerprint, k.message_id"
+            f" FROM {self._keys} k JOIN unnest($1::text[], $2::text[]) AS x(t, ik)"
+            " ON (k.tenant, k.idempotency_key) = (x.t, x.ik)"
+        )
 
-    async def accept(self, tx: DbConnection, requests: Sequence[NewMessage]) -> list[Accepted]:
-        """Answer every request, in order; must run inside the caller's transaction."""
-        first: dict[tuple[str, str], NewMessage] = {}
-        for r in requests:  # a key twice in one commit: the first one stands for both
-            first.setdefault((r.tenant, r.idempotency_key), r)
-        ordered = sorted(first.items())
-        ids = {k: uuid.uuid4() for k, _ in ordered}
-        won = {
-            (row[0], row[1])
-            for row in await tx.fetch(
-                f"INSERT INTO {self._keys} (tenant, idempotency_key, fingerprint, message_id)"
-                " SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::uuid[])"
-                " ON CONFLICT DO NOTHING RETURNING tenant, idempotency_key",
-                [k[0] for k, _ in ordered],
-                [k[1] for k, _ in ordered],
-                [r.fingerprint for _, r in ordered],
-                [ids[k] for k, _ in ordered],
+    async def accept(self, conn: DbConnection, requests: Sequence[NewMessage]) -> list[Accepted]:
+        """Answer every request, in order, once its rows are committed.
+
+        Outside a transaction the statement commits on its own; inside the
+        caller's, the caller's COMMIT makes it durable.
+        """
+        first: dict[tuple[str, str], int] = {}  # key -> the position of its first request
+        for n, r in enumerate(requests):  # a key twice in one commit: the first stands for both
+            first.setdefault((r.tenant, r.idempotency_key), n)
+        stored: dict[tuple[str, str], tuple[bytes, uuid.UUID]] = {}
+        won: set[tuple[str, str]] = set()
+        wanted = [(k, requests[n]) for k, n in sorted(first.items())]
+        for _ in range(_VANISHED_TRIES):
+            ids = [uuid.uuid4() for _ in wanted]
+            rows = await conn.fetch(
+                self._accept_sql,
+                [k[0] for k, _ in wanted],
+                [k[1] for k, _ in wanted],
+                [r.fingerprint for _, r in wanted],
+                ids,
+                [r.queue for _, r in wanted],
+                [r.targets for _, r in wanted],
+                [r.job for _, r in wanted],
             )
-        }
-        if won:
-            new = [(k, r) for k, r in ordered if k in won]
-            await tx.execute(
-                f"INSERT INTO {self._messages} (id, tenant, queue, targets, status)"
-                " SELECT i, t, q, n, 'queued'"
-                " FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[]) AS x(i, t, q, n)",
-                [ids[k] for k, _ in new],
-                [r.tenant for _, r in new],
-                [r.queue for _, r in new],
-                [r.targets for _, r in new],
-            )
-        stored = {k: (r.fingerprint, ids[k]) for k, r in ordered if k in won}
-        lost = [k for k, _ in ordered if k not in won]
-        if lost:
-            for row in await tx.fetch(
-                f"SELECT k.tenant, k.idempotency_key, k.fingerprint, k.message_id"
-                f" FROM {self._keys} k JOIN unnest($1::text[], $2::text[]) AS x(t, ik)"
-                " ON (k.tenant, k.idempotency_key) = (x.t, x.ik)",
-                [k[0] for k in lost],
-                [k[1] for k in lost],
-            ):
-                stored[(row[0], row[1])] = (bytes(row[2]), row[3])
+            unseen = []
+            for (key, r), message, row in zip(wanted, ids, rows, strict=True):
+                if row[0]:
+                    won.add(key)
+                    stored[key] = (r.fingerprint, message)
+                elif row[1] is not None:
+                    stored[key] = (bytes(row[1]), row[2])
+                else:
+                    unseen.append(key)
+            if unseen:  # committed after the statement's snapshot: a fresh one sees them
+                for row in await conn.fetch(
+                    self._find_keys_sql, [k[0] for k in unseen], [k[1] for k in unseen]
+                ):
+                    stored[(row[0], row[1])] = (bytes(row[2]), row[3])
+            wanted = [(k, requests[first[k]]) for k in unseen if k not in stored]
+            if not wanted:
+                break
+        else:
+            names = ", ".join(repr(k[1]) for k, _ in wanted)
+            raise KeyVanished(f"idempotency keys {names} kept vanishing: try again")
         answers = []
-        for r in requests:
+        for n, r in enumerate(requests):
             key = (r.tenant, r.idempotency_key)
-            if key not in stored:
-                raise KeyVanished(f"idempotency key {r.idempotency_key!r} vanished: try again")
             fingerprint, message = stored[key]
-            if r is first[key] and key in won:
+            if first[key] == n and key in won:
                 answers.append(Accepted(outcome=Acceptance.QUEUED, id=message))
             elif fingerprint == r.fingerprint:
                 answers.append(Accepted(outcome=Acceptance.DUPLICATE_IGNORED, id=message))

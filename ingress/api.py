@@ -39,7 +39,6 @@ from dedupe import (
     Messages,
     MessageStatus,
     NewMessage,
-    Outbox,
     check_schema,
     fingerprint,
     parse_message_id,
@@ -133,7 +132,7 @@ _SEND_OPENAPI: dict[str, Any] = {
             "name": "Idempotency-Key",
             "in": "header",
             "required": False,
-            "description": "The key, if not in the body: 1 to 128 bytes of UTF-8",
+            "description": "The key, if not in the body: 1 to 128 bytes of UTF-8, no NUL",
             "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_BYTES},
         }
     ],
@@ -163,13 +162,7 @@ def create_app(settings: IngressSettings, database: DatabaseSettings) -> FastAPI
         )
         async with pool.acquire() as conn:
             await check_schema(conn, database.schema)
-        committer = Committer(
-            pool,
-            messages,
-            Outbox(database.schema),
-            max_batch=settings.max_batch,
-            lanes=settings.lanes,
-        )
+        committer = Committer(pool, messages, max_batch=settings.max_batch, lanes=settings.lanes)
         committer.start()
         running.pool, running.committer = pool, committer
         log.info("ingress_started", queue=settings.queue, schema=database.schema)
@@ -261,8 +254,8 @@ def create_app(settings: IngressSettings, database: DatabaseSettings) -> FastAPI
                 fingerprint=fingerprint(body),
                 queue=settings.queue,
                 targets=len(parsed.targets),
-            ),
-            orjson.dumps(body),
+                job=orjson.dumps(body),
+            )
         )
         if answer.outcome is Acceptance.KEY_REUSED:
             return _json(422, {"error": "idempotency_key_reused"})
@@ -403,4 +396,6 @@ def _one_key(in_body: str | None, in_header: str | None) -> str:
         raise Refusal(400, {"error": "idempotency_key_required"})
     if not key or len(key.encode()) > MAX_KEY_BYTES:
         raise _invalid(("idempotency_key", f"1 to {MAX_KEY_BYTES} bytes of UTF-8"))
+    if "\x00" in key:  # PostgreSQL's text cannot hold it: the group's statement would fail
+        raise _invalid(("idempotency_key", "no NUL (U+0000) character"))
     return key

@@ -1,18 +1,26 @@
-"""Group commit: the requests that arrive together share one transaction.
+"""Group commit: the requests that arrive together share one statement and one commit.
 
     submit(request) -> waits in line
-    a lane takes every request waiting (up to max_batch) -> BEGIN
-        key rows (the unique index decides races), message rows, and for each
-        new message its outbox row: the push job, message_id derived from the
-        message id, the ingress header naming the message
-    COMMIT -> each request gets its answer: queued | duplicate_ignored | reused
+    a lane takes every request waiting (up to max_batch) ->
+        Messages.accept: ONE statement, its own transaction: key rows (the
+        unique index decides races), message rows, outbox rows
+    committed -> each request gets its own answer: queued | duplicate_ignored | reused
 
-Each of `lanes` loops runs one transaction at a time on its own pooled
-connection, so while one commits the next requests gather for another: under
-load a commit carries many requests, and one fsync answers them all. Until
-COMMIT returns no request is answered, so a 202 always names committed rows;
-a failed transaction fails every request in it (the client retries them with
-the same keys, which is safe).
+Each of `lanes` loops holds one connection and runs one statement at a time,
+so while one commits the next requests gather for another: under load a
+commit carries many requests, and one round trip and one fsync answer them
+all. The lane keeps its connection (no pool acquire and reset per commit)
+until the connection fails.
+
+Until the commit returns no request is answered, so a 202 always names
+committed rows. A group the database refuses stores nothing (one
+statement); then:
+- the connection failed (unreachable, terminated, timed out): every request
+  of the group gets the error (503; the client retries with the same key,
+  which is safe whether or not the commit happened);
+- the database refused the statement (an error of one request's data, a
+  deadlock, a missing table): each request is run again alone, so one
+  request's failure is its own and its groupmates get their own answers.
 """
 
 from __future__ import annotations
@@ -24,15 +32,8 @@ from dataclasses import dataclass, field
 import asyncpg
 import structlog
 
-from dedupe import (
-    INGRESS_HEADER,
-    Acceptance,
-    Accepted,
-    Messages,
-    NewMessage,
-    Outbox,
-    job_message_id,
-)
+from consumers.verdict import CONNECTION_ERRORS
+from dedupe import Accepted, Messages, NewMessage
 
 log = structlog.get_logger(__name__)
 
@@ -40,27 +41,24 @@ log = structlog.get_logger(__name__)
 @dataclass(slots=True, kw_only=True)
 class Submission:
     message: NewMessage
-    job: bytes  # the push job as JSON, the idempotency key left out
     answer: asyncio.Future[Accepted] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
 
 class Committer:
-    """Runs the transactions of accepted requests, many requests to a commit."""
+    """Runs the statements of accepted requests, many requests to a commit."""
 
     def __init__(
         self,
         pool: asyncpg.Pool,
         messages: Messages,
-        outbox: Outbox,
         *,
         max_batch: int = 256,
         lanes: int = 2,
     ) -> None:
         self._pool = pool
         self._messages = messages
-        self._outbox = outbox
         self._max_batch = max_batch
         self._lanes = lanes
         self._waiting: list[Submission] = []
@@ -79,51 +77,75 @@ class Committer:
         for waiting in self._waiting:
             waiting.answer.cancel()
 
-    async def submit(self, message: NewMessage, job: bytes) -> Accepted:
-        submission = Submission(message=message, job=job)
+    async def submit(self, message: NewMessage) -> Accepted:
+        submission = Submission(message=message)
         self._waiting.append(submission)
         self._arrived.set()
         return await submission.answer
 
     async def _lane(self) -> None:
-        while True:
-            await self._arrived.wait()
-            batch = self._waiting[: self._max_batch]
-            del self._waiting[: self._max_batch]
-            if not self._waiting:
-                self._arrived.clear()
-            if not batch:
-                continue
-            try:
-                answers = await self._commit(batch)
-            except asyncio.CancelledError:
-                for s in batch:
-                    s.answer.cancel()
-                raise
-            except Exception as exc:
-                log.warning("ingress_commit_failed", requests=len(batch), error=repr(exc))
-                for s in batch:
-                    if not s.answer.done():
-                        s.answer.set_exception(exc)
-                continue
-            for s, answer in zip(batch, answers, strict=True):
-                if not s.answer.done():  # its HTTP request may have gone meanwhile
-                    s.answer.set_result(answer)
+        lane = _Lane(self._pool)
+        try:
+            while True:
+                await self._arrived.wait()
+                batch = self._waiting[: self._max_batch]
+                del self._waiting[: self._max_batch]
+                if not self._waiting:
+                    self._arrived.clear()
+                if not batch:
+                    continue
+                try:
+                    await self._settle(lane, batch)
+                except asyncio.CancelledError:
+                    for s in batch:
+                        s.answer.cancel()
+                    raise
+        finally:
+            await lane.close()
 
-    async def _commit(self, batch: list[Submission]) -> list[Accepted]:
-        async with self._pool.acquire() as conn, conn.transaction():
-            answers = await self._messages.accept(conn, [s.message for s in batch])
-            jobs = [
-                self._outbox.row_args(
-                    queue=s.message.queue,
-                    body=s.job,
-                    message_id=job_message_id(answer.id),
-                    tenant=s.message.tenant,
-                    headers={INGRESS_HEADER: str(answer.id)},
-                )
-                for s, answer in zip(batch, answers, strict=True)
-                if answer.outcome is Acceptance.QUEUED and answer.id is not None
-            ]
-            if jobs:  # one pipelined round trip for every new message's job
-                await conn.executemany(self._outbox.insert_sql, jobs)
-        return answers  # committed: only now does any request hear `queued`
+    async def _settle(self, lane: _Lane, batch: list[Submission]) -> None:
+        """Answer every request of `batch`: its outcome, or the error that stopped it."""
+        try:
+            answers = await self._messages.accept(
+                await lane.connection(), [s.message for s in batch]
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            connection_failed = isinstance(exc, CONNECTION_ERRORS)
+            if connection_failed:
+                await lane.drop()
+            log.warning("ingress_commit_failed", requests=len(batch), error=repr(exc))
+            if len(batch) > 1 and not connection_failed:
+                for s in batch:  # one request's failure must not be its groupmates'
+                    await self._settle(lane, [s])
+                return
+            for s in batch:
+                if not s.answer.done():
+                    s.answer.set_exception(exc)
+            return
+        for s, answer in zip(batch, answers, strict=True):
+            if not s.answer.done():  # its HTTP request may have gone meanwhile
+                s.answer.set_result(answer)
+
+
+class _Lane:
+    """One lane's connection: taken from the pool once, given back when it fails."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+        self._conn: asyncpg.pool.PoolConnectionProxy | None = None
+
+    async def connection(self) -> asyncpg.pool.PoolConnectionProxy:
+        if self._conn is None:
+            self._conn = await self._pool.acquire()
+        return self._conn
+
+    async def drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # the pool replaces a broken one
+                await self._pool.release(conn)
+
+    async def close(self) -> None:
+        await self.drop()

@@ -47,7 +47,7 @@ class SendRequest(BaseModel):
             Field(
                 min_length=1,
                 max_length=MAX_KEY_BYTES,
-                description="1 to 128 bytes of UTF-8; or the Idempotency-Key header",
+                description="1 to 128 bytes of UTF-8, no NUL; or the Idempotency-Key header",
             ),
         ]
         | None

@@ -185,6 +185,16 @@ async def test_key_outside_1_to_128_bytes_is_400(
     assert await counts(db) == (0, 0, 0)
 
 
+async def test_key_holding_a_nul_character_is_400_not_503(
+    http: httpx.AsyncClient, db: DbConnection
+) -> None:
+    """PostgreSQL's text cannot store U+0000: said at once, not retried as unavailable."""
+    answer = await http.post("/v1/messages", json={**job(), "idempotency_key": "k-\u0000"})
+    assert answer.status_code == 400
+    assert answer.json()["details"][0]["field"] == "idempotency_key"
+    assert await counts(db) == (0, 0, 0)
+
+
 async def test_key_of_128_bytes_is_accepted(http: httpx.AsyncClient) -> None:
     answer = await http.post("/v1/messages", json={**job(), "idempotency_key": "é" * 64})
     assert answer.status_code == 202
