@@ -111,11 +111,12 @@ class Messages:
         self._keys = f"{q}.ingress_idempotency_keys"
         self._messages = f"{q}.ingress_messages"
         self._sends = f"{q}.outbound_sends"
-        # One row per input row, in input order: (won, stored fingerprint, stored id).
+        # One row per input row, in input order: (won, stored fingerprint, id): the new
+        # id if won, else the stored fingerprint and id (NULL if the snapshot missed them).
         self._accept_sql = (
-            "WITH input AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[],"
-            " $3::bytea[], $4::uuid[], $5::text[], $6::int[], $7::bytea[]) WITH ORDINALITY"
-            " AS x(tenant, idempotency_key, fingerprint, id, queue, targets, job, n)),"
+            "WITH input AS MATERIALIZED (SELECT *, gen_random_uuid() AS id FROM unnest("
+            "$1::text[], $2::text[], $3::bytea[], $4::text[], $5::int[], $6::bytea[])"
+            " WITH ORDINALITY AS x(tenant, idempotency_key, fingerprint, queue, targets, job, n)),"
             f" won AS (INSERT INTO {self._keys} (tenant, idempotency_key, fingerprint, message_id)"
             "  SELECT tenant, idempotency_key, fingerprint, id FROM input ORDER BY n"
             "  ON CONFLICT DO NOTHING RETURNING message_id),"
@@ -126,7 +127,7 @@ class Messages:
             f"  SELECT i.queue, i.tenant, '{JOB_PREFIX}' || i.id,"
             f"   jsonb_build_object('{INGRESS_HEADER}', i.id::text), i.job"
             "  FROM input i JOIN won w ON w.message_id = i.id)"
-            " SELECT w.message_id IS NOT NULL, k.fingerprint, k.message_id"
+            " SELECT w.message_id IS NOT NULL, k.fingerprint, coalesce(w.message_id, k.message_id)"
             " FROM input i LEFT JOIN won w ON w.message_id = i.id"
             f" LEFT JOIN {self._keys} k ON w.message_id IS NULL"
             "  AND (k.tenant, k.idempotency_key) = (i.tenant, i.idempotency_key)"
@@ -151,22 +152,20 @@ class Messages:
         won: set[tuple[str, str]] = set()
         wanted = [(k, requests[n]) for k, n in sorted(first.items())]
         for _ in range(_VANISHED_TRIES):
-            ids = [uuid.uuid4() for _ in wanted]
             rows = await conn.fetch(
                 self._accept_sql,
                 [k[0] for k, _ in wanted],
                 [k[1] for k, _ in wanted],
                 [r.fingerprint for _, r in wanted],
-                ids,
                 [r.queue for _, r in wanted],
                 [r.targets for _, r in wanted],
                 [r.job for _, r in wanted],
             )
             unseen = []
-            for (key, r), message, row in zip(wanted, ids, rows, strict=True):
+            for (key, r), row in zip(wanted, rows, strict=True):
                 if row[0]:
                     won.add(key)
-                    stored[key] = (r.fingerprint, message)
+                    stored[key] = (r.fingerprint, row[2])
                 elif row[1] is not None:
                     stored[key] = (bytes(row[1]), row[2])
                 else:

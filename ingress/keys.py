@@ -2,8 +2,9 @@
 
 A key is 32 random bytes (`iwk_` and URL-safe base64), so a plain SHA-256 is
 the right hash: there is nothing to brute-force that a slow hash would
-protect. A key found in the database is remembered for `cache_seconds`, so
-the hot path reads no table per request; a key deleted from the table stops
+protect. A key found in the database is remembered (in this process's
+memory, where each request's key is anyway) for `cache_seconds`, so the hot
+path neither reads a table nor hashes; a key deleted from the table stops
 working within that time.
 """
 
@@ -34,7 +35,7 @@ class ApiKeys:
     def __init__(self, schema: str, *, cache_seconds: float = 30.0) -> None:
         self._table = f"{quote_ident(schema)}.ingress_api_keys"
         self._cache_seconds = cache_seconds
-        self._known: dict[bytes, tuple[str, float]] = {}
+        self._known: dict[str, tuple[str, float]] = {}
 
     async def create(self, conn: DbConnection, tenant: str) -> str:
         """Make a key for `tenant`; the only time the key itself exists anywhere."""
@@ -46,18 +47,17 @@ class ApiKeys:
 
     async def tenant_for(self, pool: asyncpg.Pool, key: str) -> str | None:
         """The key's tenant, or None for a key we never made."""
-        digest = key_hash(key)
-        known = self._known.get(digest)
+        known = self._known.get(key)  # by the key itself: no hash per request once known
         now = time.monotonic()
         if known is not None and known[1] > now:
             return known[0]
         tenant: str | None = await pool.fetchval(
-            f"SELECT tenant FROM {self._table} WHERE key_hash = $1", digest
+            f"SELECT tenant FROM {self._table} WHERE key_hash = $1", key_hash(key)
         )
         if tenant is None:
-            self._known.pop(digest, None)
+            self._known.pop(key, None)
             return None
         if len(self._known) > 10_000:  # keys are few; a flood of made-up ones never lands here
             self._known.clear()
-        self._known[digest] = (tenant, now + self._cache_seconds)
+        self._known[key] = (tenant, now + self._cache_seconds)
         return tenant

@@ -11,9 +11,15 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from consumers import Settings, push_job_body
+from consumers.push_job import parse_push_job
 from dedupe import DbConnection, Messages, Retention, cleanup, job_message_id
+from dedupe.fingerprint import is_plain
+from ingress.models import SendRequest
 from ingress.settings import IngressSettings
 from providers import Platform, Target
 from tests.ingress_support import Served, serve_in_process
@@ -366,3 +372,69 @@ async def test_database_refusing_the_commit_is_503_with_retry_after_and_stores_n
     assert await counts(db) == (0, 0, 0)  # the key row went with the failed transaction
     retried = await http.post("/v1/messages", json=body)
     assert retried.status_code == 202 and retried.json()["status"] == "queued"
+
+
+def _job_bodies(odd: bool) -> st.SearchStrategy[dict[str, Any]]:
+    """Push job bodies: every field valid, or (`odd`) any field possibly not."""
+
+    def field(valid: st.SearchStrategy[Any], invalid: st.SearchStrategy[Any]) -> Any:
+        return st.one_of(valid, invalid) if odd else valid
+
+    text = st.text(max_size=3)
+    bad_text = st.one_of(st.none(), st.integers(-1, 1), st.just(""))
+    return st.fixed_dictionaries(
+        {
+            "targets": st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "platform": field(
+                            st.sampled_from(["ios", "android", "web"]), st.just("fax")
+                        ),
+                        "token": field(st.sampled_from(["t1", "t2", "t\u00e9"]), bad_text),
+                    }
+                ),
+                min_size=1,
+                max_size=4,
+            ),
+        },
+        optional={
+            "notification": field(
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "title": field(st.one_of(st.none(), text), bad_text),
+                        "body": field(st.one_of(st.none(), text), bad_text),
+                        "data": st.dictionaries(text, field(text, bad_text), max_size=2),
+                    },
+                ),
+                st.one_of(st.none(), st.just([])),
+            ),
+            "priority": field(
+                st.sampled_from([None, "high", "normal"]), st.sampled_from(["low", 1])
+            ),
+            "ttl_seconds": field(
+                st.one_of(st.none(), st.integers(0, 2**31 - 1)),
+                st.one_of(st.integers(-2, -1), st.just(2**40), st.floats(0, 10), st.text()),
+            ),
+            "push_type": field(st.one_of(st.none(), st.text(min_size=1, max_size=3)), bad_text),
+            "collapse_key": field(st.one_of(st.none(), st.text(min_size=1, max_size=3)), bad_text),
+        },
+    )
+
+
+_bodies = st.one_of(_job_bodies(odd=False), _job_bodies(odd=True))
+
+
+@settings(max_examples=500, deadline=None)
+@given(_bodies)
+def test_a_body_the_send_api_takes_is_a_push_job_with_the_same_devices(
+    body: dict[str, Any],
+) -> None:
+    """The send route validates with SendRequest only; the push worker must take all it takes."""
+    try:
+        request = SendRequest.model_validate_json(json.dumps(body))
+    except ValidationError:
+        return
+    parsed = parse_push_job(body)
+    assert len(parsed.targets) == len({(t.platform, t.token) for t in request.targets})
+    assert is_plain(body)  # what the route's fingerprint(body, plain=True) assumes
