@@ -16,7 +16,7 @@ so the server, not the generator, is what saturates. Two modes:
 Requests: `kind` new (a key never used before: `{prefix}-{n}`), replay (keys
 `{prefix}-0 .. {replay_keys - 1}`, sent before with the same body) or
 trivial (the bench endpoint). Prints one JSON line: counts by status, rate,
-p50 and p99 in milliseconds.
+p50 and p99 in milliseconds, and the CPU seconds the generator itself used.
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ async def run(load: Load) -> dict[str, Any]:
     latencies: list[float] = []
     errors = 0
     counter = iter(range(10**12))
+    cpu_start = time.process_time()
     start = time.perf_counter()
     stop_at = start + load.seconds
 
@@ -135,6 +136,7 @@ async def run(load: Load) -> dict[str, Any]:
             n += 1
         await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu_start
     for conn in connections:
         conn.writer.close()
     latencies.sort()
@@ -153,6 +155,7 @@ async def run(load: Load) -> dict[str, Any]:
         "rate": round(done / elapsed, 1),
         "p50_ms": pct(0.50) if latencies else None,
         "p99_ms": pct(0.99) if latencies else None,
+        "cpu_seconds": round(cpu_seconds, 3),  # the generator's own, over those seconds
     }
 
 
