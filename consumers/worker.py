@@ -92,13 +92,12 @@ class BatchLoop:
                     await self.wake.wait()
                     continue
                 await self._slots.acquire()  # a batch in flight ended, or none is
-                take = min(len(self.buffer), self.max_batch)
-                if take == 0:  # drained while waiting for a slot
+                batch = self._take()
+                if not batch:  # drained while waiting for a slot, or all stale
                     self._slots.release()
                     continue
                 self._count_in_flight(len(self.buffer))
-                batch = [self.buffer.popleft() for _ in range(take)]
-                self.metrics.batch_messages.observe(take)
+                self.metrics.batch_messages.observe(len(batch))
                 task = asyncio.create_task(self._settle(batch))
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
@@ -109,6 +108,33 @@ class BatchLoop:
         finally:
             if self._running:  # stopping: settle the batches in flight first
                 await asyncio.gather(*self._running, return_exceptions=True)
+
+    def _take(self) -> list[Delivery]:
+        """Up to `max_batch` deliveries, skipping those of a channel closed since.
+
+        The broker took those back when their channel closed and redelivers
+        them on the new one: run anyway, each would cost a handler call and an
+        ack that cannot go out, and the redelivered copies would wait behind
+        them (a reconnect adds a whole prefetch each time).
+        """
+        batch: list[Delivery] = []
+        stale = 0
+        while self.buffer and len(batch) < self.max_batch:
+            delivery = self.buffer.popleft()
+            try:
+                delivery.channel  # noqa: B018 -- raises once the channel has closed
+            except aio_pika.exceptions.ChannelInvalidStateError:
+                stale += 1
+                continue
+            batch.append(delivery)
+        if stale:
+            log.info(
+                "stale_deliveries_dropped",
+                consumer=self.runner.spec.queue,
+                count=stale,
+                outcome="left_to_redelivery",
+            )
+        return batch
 
     async def _settle(self, batch: list[Delivery]) -> None:
         try:

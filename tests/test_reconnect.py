@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from typing import Any
 
+import aio_pika
 import pytest
 import structlog
 
 from consumers import App, Context, Publisher, Settings, Worker
 from consumers.retry import RetryPolicy
 from dedupe import DbConnection
+from tests.conftest import AMQP_URL
 from tests.support import settle, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -111,10 +113,72 @@ async def _drop_connection_mid_batch(
     return effects
 
 
-async def _ran(runs: list[int], n: int = 1) -> bool:
+async def _ran(runs: Sequence[object], n: int = 1) -> bool:
     return len(runs) >= n
 
 
 async def _effects(db: DbConnection) -> int:
     count: int = await db.fetchval("SELECT count(*) FROM effects")
+    return count
+
+
+async def test_deliveries_of_a_channel_closed_since_are_not_run(
+    db: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    retry_policy: RetryPolicy,
+) -> None:
+    """Buffered deliveries of a lost channel are the broker's again: they run once, redelivered.
+
+    Run anyway they cost a handler call each (a slow one, a retry published
+    twice) and an ack that cannot go out, and behind them the redelivered
+    copies wait: a worker reconnecting often fell further behind each time.
+    """
+    release = asyncio.Event()
+    runs: list[str] = []
+    app = App(retry=retry_policy)
+
+    @app.handler(queue_name)
+    async def record(ctx: Context) -> None:
+        runs.append(ctx.message_id)
+        if ctx.message_id == "blocker":
+            await release.wait()  # the others queue up behind it, then the channel goes
+
+    with structlog.testing.capture_logs() as logs:
+        async with Worker(app, settings) as worker:
+            await publisher.publish(queue_name, {"n": 0}, message_id="blocker")
+            await wait_for(lambda: _ran(runs))
+            for n in range(20):
+                await publisher.publish(queue_name, {"n": n}, message_id=f"behind-{n}")
+            await wait_for(lambda: _all_delivered(queue_name))
+            closed = await asyncio.to_thread(
+                _close_connection, f"idempotent-workers {worker.worker_id}"
+            )
+            assert closed == 1
+            release.set()
+
+            async def all_ran() -> bool:
+                return len(set(runs)) == 21
+
+            await wait_for(all_ran, timeout=60)
+            await settle(lambda: _effects_of(db), quiet=1.0)
+    events = [entry["event"] for entry in logs]
+    assert sorted(runs) == sorted(["blocker", *(f"behind-{n}" for n in range(20))])
+    assert events.count("ack_failed") == 1  # the blocker's, in flight when the channel went
+    assert events.count("stale_deliveries_dropped") >= 1
+
+
+async def _all_delivered(queue_name: str) -> bool:
+    """No message of the queue is waiting: all are in the worker's hands."""
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        queue = await (await connection.channel()).declare_queue(queue_name, passive=True)
+        return queue.declaration_result.message_count == 0
+    finally:
+        await connection.close()
+
+
+async def _effects_of(db: DbConnection) -> int:
+    count: int = await db.fetchval("SELECT count(*) FROM processed_messages")
     return count
