@@ -5,6 +5,13 @@
                    chaos.followup with it (`ctx.emit`), which the run's relay
                    processes publish from the outbox
     chaos.followup one row in `chaos_followups` per follow-up
+    chaos.slow     local jobs too (the same row, the same follow-up), on a
+                   deadline of SLOW_TIMEOUT_S; the body's `act` makes some of
+                   them misbehave once: `timeout` awaits past the deadline on
+                   attempt 1 (cancelled, rolled back, retried), `hang` blocks
+                   the event loop the first time it runs (the watchdog ends the
+                   process with exit 70, the broker redelivers); the rest are
+                   their batchmates, which must commit all the same
     chaos.poison   always raises: retried on short tiers, dead-lettered after
                    POISON_MAX_ATTEMPTS attempts
     chaos.push     (`push_app` only) push jobs through the send ledger to the
@@ -17,8 +24,12 @@ up as a second row for the same key instead of being hidden by an error.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 import zlib
+from enum import StrEnum
+from pathlib import Path
 
 from consumers.app import App
 from consumers.context import Context
@@ -30,6 +41,15 @@ LOCAL_QUEUE = "chaos.local"
 POISON_QUEUE = "chaos.poison"
 PUSH_QUEUE = "chaos.push"
 FOLLOWUP_QUEUE = "chaos.followup"
+SLOW_QUEUE = "chaos.slow"
+SLOW_TIMEOUT_S = 1.0  # chaos.slow's handler deadline
+# A hang blocks this long: far past the watchdog's limit (the fleet sets the
+# workers' default deadline and grace), so only the watchdog ends it.
+HANG_SECONDS = 120.0
+# Where hang jobs leave their marker: one file per message_id holding the pid
+# that hung on it. A job hangs only the first time; the fleet reads the
+# markers to tell an expected watchdog exit (70) from one nobody planned.
+HANG_DIR_ENV = "CHAOS_HANG_DIR"
 PROVIDER_TIMEOUT_S = 2.0
 # Sends start only while their timeouts (FCM: connect + read) fit before 90% of
 # the lease: a lease of a few timeouts leaves room for queues under load.
@@ -60,6 +80,14 @@ POISON_RETRY = RetryPolicy(
 )
 
 
+class Act(StrEnum):
+    """What a chaos.slow job does before its effect (the body's `act`)."""
+
+    NONE = ""
+    TIMEOUT = "timeout"  # awaits past the deadline on attempt 1
+    HANG = "hang"  # blocks the event loop the first time it runs
+
+
 class PoisonError(Exception):
     """What the poison handler raises, every time."""
 
@@ -80,6 +108,39 @@ async def apply_local(ctx: Context) -> None:
 def follows_up(message_id: str) -> bool:
     """A stable quarter of the local jobs: enough rows for the relays, not twice the work."""
     return zlib.crc32(message_id.encode()) % 4 == 0
+
+
+async def apply_slow(ctx: Context) -> None:
+    """A local job that may first misbehave as its `act` says, then does its effect."""
+    act = Act(ctx.body.get("act", ""))
+    if act is Act.TIMEOUT and ctx.attempt == 1:
+        await asyncio.sleep(SLOW_TIMEOUT_S * 10)  # cancelled at the deadline
+    elif act is Act.HANG and first_hang(ctx.message_id):
+        time.sleep(HANG_SECONDS)  # noqa: ASYNC251 -- the point: the watchdog must end it
+    await apply_local(ctx)
+
+
+def first_hang(message_id: str) -> bool:
+    """True once per hang job: its marker, created here, names the process that hangs."""
+    directory = os.environ.get(HANG_DIR_ENV)
+    if not directory:
+        return False  # no fleet watching for exit 70: never hang
+    try:
+        with (Path(directory) / message_id).open("x") as marker:
+            marker.write(str(os.getpid()))
+    except FileExistsError:
+        return False
+    return True
+
+
+def hang_markers(directory: Path) -> dict[str, int]:
+    """message_id -> pid of the process that hung on it, from the markers."""
+    found = {}
+    for path in directory.iterdir():
+        text = path.read_text().strip()
+        if text.isdigit():
+            found[path.name] = int(text)
+    return found
 
 
 async def apply_followup(ctx: Context) -> None:
@@ -107,6 +168,7 @@ def _build(*, push: bool) -> App:
     built.handler(LOCAL_QUEUE, retry=LOCAL_RETRY)(apply_local)
     built.handler(POISON_QUEUE, retry=POISON_RETRY)(always_fail)
     built.handler(FOLLOWUP_QUEUE, retry=LOCAL_RETRY)(apply_followup)
+    built.handler(SLOW_QUEUE, retry=LOCAL_RETRY, timeout=SLOW_TIMEOUT_S)(apply_slow)
     if push:
         built.push_handler(
             PUSH_QUEUE, provider=fake_providers, lease_seconds=PUSH_LEASE_S, retry=LOCAL_RETRY

@@ -10,19 +10,27 @@ are stopped (so nothing is unacked any more: every message left is ready).
     doubled    effect or follow-up rows beyond the first, per key
     stuck      messages still in a work queue or a retry tier, and outbox
                rows no relay published
+
+Two figures are what happened, read from the workers' side because no
+service records them: handler timeouts, from the workers' outcome lines
+(`retry_scheduled`, reason `handler_timeout`); hangs, from the watchdog exits
+(70) the fleet saw, each on a planned hang job. Whether those jobs then took
+effect exactly once is counted from the effect table like every other.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import aio_pika
 
 from consumers.app import App
 from consumers.retry import tier_queue
 from dedupe import DbConnection
-from proving.chaos.app import POISON_MAX_ATTEMPTS, POISON_QUEUE, follows_up
+from proving.chaos.app import POISON_MAX_ATTEMPTS, POISON_QUEUE, SLOW_QUEUE, Act, follows_up
 from proving.chaos.deadletters import DeadLetter
 from proving.chaos.workload import Job, JobKind
 
@@ -57,6 +65,14 @@ class Findings:
     followups_lost: int = 0  # effects whose follow-up never applied
     followups_doubled: int = 0  # follow-up rows beyond one per effect
     followups_unexpected: int = 0  # follow-ups of keys with no effect
+    timeout_jobs: int = 0  # planned: await past their deadline on attempt 1
+    handler_timeouts: int = 0  # of those, observed timing out (outcome lines)
+    timeouts_effected: int = 0  # of those, with exactly one effect row
+    other_timeouts: int = 0  # jobs that timed out with no plan to (slow under faults)
+    hang_jobs: int = 0  # planned: block the event loop once
+    hangs: int = 0  # watchdog exits (70) on a planned hang, as the fleet saw them
+    hangs_effected: int = 0  # hang jobs with exactly one effect row
+    unexpected_stuck: int = 0  # watchdog exits no planned hang explains
 
     @property
     def ok(self) -> bool:
@@ -74,6 +90,13 @@ class Findings:
             and self.malformed_dead_lettered == self.malformed
             and self.decode_poison_dead_lettered == self.decode_poison
             and self.local_dead_lettered == 0
+            and self.timeouts_effected == self.timeout_jobs
+            # Most time out; one whose batch was retried whole (the database away)
+            # before its handler ran comes back as attempt 2 and need not.
+            and (self.handler_timeouts > 0 or self.timeout_jobs == 0)
+            and self.hangs_effected == self.hang_jobs
+            and self.hangs == self.hang_jobs
+            and self.unexpected_stuck == 0
         )
 
     @property
@@ -112,6 +135,28 @@ async def effect_counts(db: DbConnection) -> dict[tuple[str, str], int]:
     return {(r["tenant"], r["message_id"]): r["c"] for r in rows}
 
 
+def observed_timeouts(log_dir: Path) -> dict[str, int]:
+    """message_id -> handler timeouts on chaos.slow, from the workers' outcome lines."""
+    seen: dict[str, int] = {}
+    for path in sorted(log_dir.glob("worker-*.log")):
+        with path.open("rb") as lines:
+            for raw in lines:
+                if b"handler_timeout" not in raw:
+                    continue
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    continue  # a line cut by a kill
+                if (
+                    isinstance(line, dict)
+                    and line.get("reason") == "handler_timeout"
+                    and line.get("consumer") == SLOW_QUEUE
+                ):
+                    key = str(line.get("message_id"))
+                    seen[key] = seen.get(key, 0) + 1
+    return seen
+
+
 def check(
     *,
     jobs: Sequence[Job],
@@ -121,8 +166,16 @@ def check(
     first_sent: Mapping[tuple[str, str], float],
     stuck: int,
     followups: Mapping[tuple[str, str], int] | None = None,
+    timeouts: Mapping[str, int] | None = None,
+    hangs: int = 0,
+    unexpected_stuck: int = 0,
 ) -> Findings:
-    """`followups` None: a run without relays, whose follow-ups are not counted."""
+    """`followups` None: a run without relays, whose follow-ups are not counted.
+
+    `timeouts`: message_id -> handler timeouts seen (`observed_timeouts`);
+    `hangs`, `unexpected_stuck`: the fleet's watchdog exits, explained or not.
+    """
+    timeouts = timeouts or {}
     counted = followups is not None
     followups = followups or {}
     local = {(j.tenant, j.message_id) for j in jobs if j.kind is JobKind.LOCAL}
@@ -130,6 +183,8 @@ def check(
     poison = [j for j in jobs if j.kind is JobKind.POISON]
     malformed = [j for j in jobs if j.kind is JobKind.MALFORMED]
     decode = [j for j in jobs if j.kind is JobKind.DECODE_POISON]
+    timing_out = {j.message_id: j for j in jobs if j.act is Act.TIMEOUT and j.kind is JobKind.LOCAL}
+    hanging = [j for j in jobs if j.act is Act.HANG and j.kind is JobKind.LOCAL]
     lost = sorted(mid for key in local if effects.get(key, 0) == 0 for mid in [key[1]])
     doubled = sorted(mid for key, c in effects.items() if c > 1 for mid in [key[1]])
     reasons: dict[str, int] = {}
@@ -174,6 +229,16 @@ def check(
         followups_unexpected=sum(
             1 for key in followups if key not in effects or not follows_up(key[1])
         ),
+        timeout_jobs=len(timing_out),
+        handler_timeouts=sum(1 for mid in timing_out if timeouts.get(mid, 0) > 0),
+        timeouts_effected=sum(
+            1 for j in timing_out.values() if effects.get((j.tenant, j.message_id)) == 1
+        ),
+        other_timeouts=sum(1 for mid in timeouts if mid not in timing_out),
+        hang_jobs=len(hanging),
+        hangs=hangs,
+        hangs_effected=sum(1 for j in hanging if effects.get((j.tenant, j.message_id)) == 1),
+        unexpected_stuck=unexpected_stuck,
     )
 
 

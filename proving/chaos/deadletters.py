@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import aio_pika
 import structlog
 
+from consumers.dispatch import DEAD_LETTERED_AT_HEADER
 from consumers.envelope import ATTEMPT_HEADER, REASON_HEADER
 from consumers.retry import dead_letter_queue
 from proving.chaos.poison import MARK_HEADER
@@ -33,6 +34,7 @@ class DeadLetter:
     attempt: int
     seen_at: float  # monotonic, when the watcher first took it
     mark: str = ""  # x-chaos-mark: a decode poison's name in the run
+    stamped_at: float = 0.0  # wall clock, the worker's x-dead-lettered-at (0: none)
 
 
 def _reason(message: aio_pika.abc.AbstractIncomingMessage) -> str:
@@ -45,6 +47,11 @@ def _reason(message: aio_pika.abc.AbstractIncomingMessage) -> str:
         why = deaths[0].get("reason", "unknown")  # e.g. delivery_limit
         return f"broker:{why.decode() if isinstance(why, bytes) else why!s}"
     return "none"
+
+
+def _stamped_at(message: aio_pika.abc.AbstractIncomingMessage) -> float:
+    raw = (message.headers or {}).get(DEAD_LETTERED_AT_HEADER)
+    return raw / 1000 if isinstance(raw, int) and not isinstance(raw, bool) else 0.0
 
 
 def _attempt(message: aio_pika.abc.AbstractIncomingMessage) -> int:
@@ -125,6 +132,7 @@ class DeadLetterWatcher:
                         attempt=_attempt(message),
                         seen_at=time.monotonic(),
                         mark=mark,
+                        stamped_at=_stamped_at(message),
                     )
                 await message.ack()
                 taken += 1

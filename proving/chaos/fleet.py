@@ -11,6 +11,13 @@ that moment).
 A process start may be armed: `PROVING_CRASH_AT` and a random
 `PROVING_CRASH_AFTER`, drawn from what is left of the run's quota of
 kills at each crash point.
+
+A worker whose handler blocks the event loop (a chaos.slow `hang` job) is
+ended by its watchdog with exit 70 (EXIT_STUCK): expected, counted as a hang
+and restarted, when a hang marker names its pid, whatever the run sent it
+meanwhile (a SIGTERM cannot be handled by a blocked loop). An exit 70 no
+marker explains is a stuck worker nobody planned: counted, its log kept. A
+hanging worker is not picked for a SIGKILL, so each hang ends by its watchdog.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import structlog
 
 from consumers.faults import CrashPoint
 from consumers.process import EXIT_START_FAILED
+from consumers.watchdog import EXIT_STUCK
+from proving.chaos.app import hang_markers
 from proving.keptlogs import TAIL_LINES, keep_log
 
 log = structlog.get_logger(__name__)
@@ -65,6 +74,8 @@ class FleetCounts:
     crashed_at: Counter[str] = field(default_factory=Counter)  # crash point -> kills
     start_failures: int = 0
     starts: int = 0
+    hangs: int = 0  # exits 70 of a process that hung on a planned hang job (its marker)
+    unexpected_stuck: int = 0  # exits 70 no hang marker explains
 
 
 class Fleet:
@@ -82,7 +93,9 @@ class Fleet:
         slot_env: Sequence[Mapping[str, str]] = (),
         command: tuple[str, ...] | None = None,
         name: str = "worker",
+        hang_dir: Path | None = None,
     ) -> None:
+        self.hang_dir = hang_dir  # the hang jobs' markers (proving.chaos.app.first_hang)
         self.slot_env = list(slot_env)  # per slot, over `env` (a cluster's address order)
         self.spread_seconds = spread_seconds  # spread the crash quota over this long
         self._started = 0.0
@@ -115,16 +128,21 @@ class Fleet:
         self.running = False
         if self._task is not None:
             self._task.cancel()
-        for slot in self.slots:
-            if slot.proc is not None and slot.proc.poll() is None:
-                slot.proc.send_signal(signal.SIGTERM)
+        # Only the processes running now: one that exited before was classified already.
+        running = [s for s in self.slots if s.proc is not None and s.proc.poll() is None]
+        for slot in running:
+            assert slot.proc is not None
+            slot.proc.send_signal(signal.SIGTERM)
         deadline = asyncio.get_running_loop().time() + grace
-        for slot in self.slots:
-            while slot.proc is not None and slot.proc.poll() is None:
+        for slot in running:
+            assert slot.proc is not None
+            while slot.proc.poll() is None:
                 if asyncio.get_running_loop().time() > deadline:
                     slot.proc.kill()
                 await asyncio.sleep(0.05)
-            if slot.proc is not None and slot.proc.returncode not in (0, -signal.SIGTERM):
+            if slot.proc.returncode == EXIT_STUCK:
+                self._classify(slot, EXIT_STUCK)  # a hang, or a stuck worker: not a failed stop
+            elif slot.proc.returncode not in (0, -signal.SIGTERM):
                 self.counts.unclean_terms += 1  # the final SIGTERM counts like the others
                 self._keep_log(slot, slot.proc.returncode, "SIGTERMed at the end, did not exit 0")
 
@@ -145,8 +163,9 @@ class Fleet:
     # -- faults ----------------------------------------------------------
 
     def sigkill(self) -> bool:
-        """SIGKILL one running worker, chosen at random."""
-        alive = self.alive()
+        """SIGKILL one running worker, chosen at random (not one hanging: its watchdog ends it)."""
+        hanging = self._hung_pids()
+        alive = [n for n in self.alive() if self._pid(n) not in hanging]
         if not alive:
             return False
         slot = self.slots[self.rng.choice(alive)]
@@ -242,10 +261,26 @@ class Fleet:
                     self._spawn(slot)
             await asyncio.sleep(0.05)
 
+    def _pid(self, index: int) -> int | None:
+        proc = self.slots[index].proc
+        return None if proc is None else proc.pid
+
+    def _hung_pids(self) -> set[int]:
+        return set(hang_markers(self.hang_dir).values()) if self.hang_dir else set()
+
     def _classify(self, slot: _Slot, code: int) -> float:
         """Record why the slot's process exited; return the delay before a restart."""
         if slot.sent is signal.SIGKILL:
             return 0.3
+        if code == EXIT_STUCK:
+            assert slot.proc is not None
+            if slot.proc.pid in self._hung_pids():
+                self.counts.hangs += 1  # its watchdog ended a planned hang
+                return 0.1
+            self.counts.unexpected_stuck += 1
+            log.warning("worker_stuck_unplanned", slot=slot.index, code=code)
+            self._keep_log(slot, code, "watchdog exit (70) with no planned hang")
+            return 0.1
         if slot.sent is signal.SIGTERM and code != EXIT_START_FAILED:
             if code == -signal.SIGKILL and slot.armed is not None:
                 # Its armed crash point fired in the batch it finished on the way out.

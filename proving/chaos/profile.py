@@ -30,6 +30,10 @@ class Profile:
     push_jobs: int = 0  # push publishes on top of `messages` (duplicates included)
     decode_poison: int = 0  # of `messages`: fail outside the handler (proving.chaos.poison)
     relays: int = 2  # outbox relay processes, publishing the local jobs' follow-ups
+    # Of the local jobs (proving.chaos.app, chaos.slow): await past their deadline on
+    # attempt 1; block the event loop once (each costs a worker its watchdog exit).
+    handler_timeouts: int = 0
+    hangs: int = 0
 
 
 CI = Profile(
@@ -42,6 +46,8 @@ CI = Profile(
     max_crash_after=10,
     push_jobs=600,
     decode_poison=40,
+    handler_timeouts=40,
+    hangs=4,
     faults={
         K.SIGKILL: 12,
         K.CRASH_BEFORE_COMMIT: 12,
@@ -75,6 +81,8 @@ FULL = Profile(
     drain_seconds=300.0,
     push_jobs=22_300,  # 20,070 distinct push jobs
     decode_poison=1_000,
+    handler_timeouts=300,
+    hangs=20,
     faults={
         K.SIGKILL: 60,
         K.CRASH_BEFORE_COMMIT: 12,

@@ -42,6 +42,7 @@ def summary_line(findings: Findings, faults: FaultLog, push: PushFigures) -> str
         f" pushes={push.pushes}"
         f" extra_pushes={push.extra_pushes} crashes_in_send={push.crashes_in_send}"
         f" dead_lettered={findings.dead_lettered} max_attempts={findings.max_attempts}"
+        f" handler_timeouts={findings.handler_timeouts} hangs={findings.hangs}"
         f" decode_poison={findings.decode_poison_dead_lettered}"
         f" innocent_dead_lettered={findings.innocent_dead_lettered}"
     )
@@ -82,6 +83,15 @@ def details(findings: Findings, fleet: FleetCounts, published: int, republished:
             "decode poison dead-lettered (its reason)",
             f"{findings.decode_poison_dead_lettered}/{findings.decode_poison}",
         ),
+        (
+            "handler timeouts seen (planned jobs)",
+            f"{findings.handler_timeouts}/{findings.timeout_jobs}",
+        ),
+        ("timed-out jobs effected once", f"{findings.timeouts_effected}/{findings.timeout_jobs}"),
+        ("other jobs timed out (under faults)", findings.other_timeouts),
+        ("hangs ended by the watchdog (exit 70)", f"{findings.hangs}/{findings.hang_jobs}"),
+        ("hang jobs effected once", f"{findings.hangs_effected}/{findings.hang_jobs}"),
+        ("watchdog exits with no planned hang", findings.unexpected_stuck),
         ("dead-letter copies (seen twice)", findings.dead_letter_copies),
         ("worker starts", fleet.starts),
         ("worker start failures (service down)", fleet.start_failures),

@@ -33,7 +33,15 @@ from consumers.faults import CrashPoint
 from consumers.settings import AmqpSettings
 from consumers.topology import declare
 from dedupe import migrate
-from proving.chaos.app import EFFECTS_TABLE, PUSH_QUEUE, app, follows_up, push_app
+from proving.chaos.app import (
+    EFFECTS_TABLE,
+    HANG_DIR_ENV,
+    POISON_QUEUE,
+    PUSH_QUEUE,
+    app,
+    follows_up,
+    push_app,
+)
 from proving.chaos.checker import (
     Findings,
     check,
@@ -41,6 +49,7 @@ from proving.chaos.checker import (
     count_unpublished,
     effect_counts,
     followup_counts,
+    observed_timeouts,
 )
 from proving.chaos.deadletters import DeadLetterWatcher
 from proving.chaos.faults import FaultKind, FaultLog, Injector, timeline
@@ -61,6 +70,9 @@ log = structlog.get_logger(__name__)
 
 # How long counting after the run may take: a few seconds when the services answer.
 COUNT_DEADLINE_S = 120.0
+# The workers' default handler deadline and watchdog grace (chaos.slow's is shorter).
+HANDLER_TIMEOUT_S = 10.0
+WATCHDOG_GRACE_S = 4.0
 
 
 class ChaosError(Exception):
@@ -150,6 +162,7 @@ class _Probe:
 
 async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outcome:
     started = time.monotonic()
+    wall_offset = time.time() - started  # monotonic + this: wall clock, as in the logs
     # Our own clients reconnect across every restart on purpose: keep their
     # reconnect chatter out of the output.
     for name in ("aio_pika", "aiormq"):
@@ -162,6 +175,7 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
     amqp_proxy = FaultProxy("amqp", free_port(), rabbit.port, seed=seed)
     pg_proxy = FaultProxy("postgresql", free_port(), postgres.port, seed=seed + 1)
     (workdir / "logs").mkdir()
+    (workdir / "hangs").mkdir()
     services_env = {
         "AMQP_URL": f"amqp://guest:guest@127.0.0.1:{amqp_proxy.port}/",
         "DATABASE_URL": f"postgresql://postgres@127.0.0.1:{pg_proxy.port}/postgres",
@@ -170,7 +184,16 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
     }
     fleet = Fleet(
         size=profile.workers,
-        env={**services_env, "IW_PREFETCH": "200", "IW_MAX_BATCH": "100"},
+        env={
+            **services_env,
+            "IW_PREFETCH": "200",
+            "IW_MAX_BATCH": "100",
+            # A hang (chaos.slow) blocks a worker for the watchdog's limit, the
+            # longest deadline plus the grace: 14 s here, not the default 40.
+            "IW_HANDLER_TIMEOUT": str(HANDLER_TIMEOUT_S),
+            "IW_WATCHDOG_GRACE": str(WATCHDOG_GRACE_S),
+            HANG_DIR_ENV: str(workdir / "hangs"),
+        },
         log_dir=workdir / "logs",
         crash_quota={
             CrashPoint.BEFORE_COMMIT: profile.faults.get(FaultKind.CRASH_BEFORE_COMMIT, 0),
@@ -181,6 +204,7 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         rng=rng,
         push=profile.push_jobs > 0,
         spread_seconds=profile.load_seconds * 0.9,
+        hang_dir=workdir / "hangs",
     )
     # The local jobs' follow-ups go out through the outbox, published by
     # relay processes of their own; some relay starts are armed to kill
@@ -205,6 +229,8 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         malformed=profile.malformed,
         rng=rng,
         decode=profile.decode_poison,
+        timeouts=profile.handler_timeouts,
+        hangs=profile.hangs,
     )
     push_jobs, devices = plan_pushes(profile.push_jobs, rng)
     jobs += push_jobs
@@ -249,6 +275,7 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         say(
             f"{len(jobs)} publishes ({unique_local} distinct local jobs, {profile.poison} poison,"
             f" {profile.malformed} malformed, {profile.decode_poison} decode poison,"
+            f" {profile.handler_timeouts} handler timeouts, {profile.hangs} hangs,"
             f" {len(push_jobs)} push jobs to {len(devices)}"
             f" devices) over {profile.load_seconds:.0f} s;"
             f" {len(events)} scheduled faults, {profile.workers} workers,"
@@ -264,7 +291,8 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
                     f" effects={done} followups={await probe.distinct_followups()}"
                     f" dead_letters={len(watcher.seen)}"
                     f" faults={sum(injector.log.injected.values())}"
-                    f" crashes={dict(fleet.counts.crashed_at)} workers={len(fleet.alive())}"
+                    f" crashes={dict(fleet.counts.crashed_at)} hangs={fleet.counts.hangs}"
+                    f" workers={len(fleet.alive())}"
                 )
 
         reporter = asyncio.create_task(progress())
@@ -331,8 +359,12 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
             first_sent=publisher.first_sent,
             stuck=stuck,
             followups=followups,
+            timeouts=observed_timeouts(workdir / "logs"),
+            hangs=fleet.counts.hangs,
+            unexpected_stuck=fleet.counts.unexpected_stuck,
         )
         ok = findings.ok and (push is None or push.ok)
+        _write_poison_times(workdir / "poison.tsv", watcher, publisher, wall_offset)
         return Outcome(
             findings=findings,
             push=push,
@@ -360,6 +392,22 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
             remove_tree(workdir)
         else:
             say(f"logs kept in {workdir}")
+
+
+def _write_poison_times(
+    path: Path, watcher: DeadLetterWatcher, publisher: ResilientPublisher, offset: float
+) -> None:
+    """When each poison job was confirmed, dead-lettered by a worker, seen: for a late one."""
+    rows = ["message_id\tconfirmed\tdead_lettered\tseen\tattempt"]
+    for (queue, key), letter in sorted(watcher.seen.items()):
+        sent = publisher.first_sent.get((queue, key))
+        if queue != POISON_QUEUE or sent is None or letter.mark:
+            continue
+        rows.append(
+            f"{key}\t{sent + offset:.3f}\t{letter.stamped_at:.3f}"
+            f"\t{letter.seen_at + offset:.3f}\t{letter.attempt}"
+        )
+    path.write_text("\n".join(rows) + "\n")
 
 
 async def _drain(

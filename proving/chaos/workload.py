@@ -2,7 +2,9 @@
 
 The plan: local-effect jobs, about a tenth of them published twice more
 (exact duplicates), poison jobs whose handler always raises, and malformed
-messages that must be dead-lettered at once. On top of the planned
+messages that must be dead-lettered at once. When the plan has handler
+timeouts or hangs, a tenth of the local jobs go to chaos.slow instead, and
+that many of those carry the `act` that makes them time out or hang once. On top of the planned
 duplicates, the publisher republishes (same `message_id`) whatever it could
 not get confirmed: after a broker restart that is a whole window of jobs.
 """
@@ -23,7 +25,7 @@ import structlog
 from pamqp.commands import Basic
 
 from consumers.envelope import TENANT_HEADER
-from proving.chaos.app import LOCAL_QUEUE, POISON_QUEUE
+from proving.chaos.app import LOCAL_QUEUE, POISON_QUEUE, SLOW_QUEUE, Act
 from proving.chaos.poison import decode_poison
 from proving.rawamqp import RawProperties, publish_raw
 
@@ -51,6 +53,7 @@ class Job:
     content_type: str = "application/json"
     raw: RawProperties | None = None  # published byte for byte (decode poison)
     expect: str = ""  # the x-reason its dead letter must carry (decode poison)
+    act: Act = Act.NONE  # a chaos.slow job's misbehaviour (in its body too)
 
     def message(self) -> aio_pika.Message:
         return aio_pika.Message(
@@ -90,22 +93,51 @@ _MALFORMED = (
 )
 
 
+def _acts(originals: int, timeouts: int, hangs: int) -> list[tuple[str, Act]]:
+    """Each local original's queue and act: with timeouts or hangs, every tenth goes slow."""
+    placed = [(LOCAL_QUEUE, Act.NONE)] * originals
+    if not timeouts and not hangs:
+        return placed
+    slow = range(0, originals, 10)
+    if len(slow) < timeouts + hangs:
+        raise ValueError("too few local jobs for the planned timeouts and hangs")
+    misbehave = [Act.HANG] * hangs + [Act.TIMEOUT] * timeouts
+    for n, index in enumerate(slow):
+        placed[index] = (SLOW_QUEUE, misbehave[n] if n < len(misbehave) else Act.NONE)
+    return placed
+
+
+def _local(n: int, queue: str, act: Act, rng: random.Random) -> Job:
+    body: dict[str, object] = {"n": n, "amount": rng.randrange(1, 10_000)}
+    if act is not Act.NONE:
+        body["act"] = str(act)
+    return Job(
+        kind=JobKind.LOCAL,
+        queue=queue,
+        message_id=f"local-{n}",
+        tenant=TENANTS[n % len(TENANTS)],
+        body=compact_json(body),
+        act=act,
+    )
+
+
 def plan(
-    *, messages: int, poison: int, malformed: int, rng: random.Random, decode: int = 0
+    *,
+    messages: int,
+    poison: int,
+    malformed: int,
+    rng: random.Random,
+    decode: int = 0,
+    timeouts: int = 0,
+    hangs: int = 0,
 ) -> list[Job]:
     """`messages` publishes in all, shuffled; 10% of the rest are duplicates."""
     rest = messages - poison - malformed - decode
     duplicates = rest // 10
     originals = rest - duplicates
     jobs: list[Job] = [
-        Job(
-            kind=JobKind.LOCAL,
-            queue=LOCAL_QUEUE,
-            message_id=f"local-{n}",
-            tenant=TENANTS[n % len(TENANTS)],
-            body=compact_json({"n": n, "amount": rng.randrange(1, 10_000)}),
-        )
-        for n in range(originals)
+        _local(n, queue, act, rng)
+        for n, (queue, act) in enumerate(_acts(originals, timeouts, hangs))
     ]
     jobs += duplicates_of(jobs[:originals], duplicates, rng)
     for n in range(poison):
