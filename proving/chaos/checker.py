@@ -73,6 +73,7 @@ class Findings:
     hangs: int = 0  # watchdog exits (70) on a planned hang, as the fleet saw them
     hangs_effected: int = 0  # hang jobs with exactly one effect row
     unexpected_stuck: int = 0  # watchdog exits no planned hang explains
+    innocent_sample: Sequence[str] = ()  # "queue message_id reason" of valid jobs dead-lettered
 
     @property
     def ok(self) -> bool:
@@ -239,6 +240,11 @@ def check(
         hangs=hangs,
         hangs_effected=sum(1 for j in hanging if effects.get((j.tenant, j.message_id)) == 1),
         unexpected_stuck=unexpected_stuck,
+        innocent_sample=sorted(
+            f"{queue} {mid} {letter.reason}"
+            for (queue, mid), letter in dead.items()
+            if mid in local_ids
+        )[:10],
     )
 
 

@@ -46,8 +46,8 @@ CI = Profile(
     max_crash_after=10,
     push_jobs=600,
     decode_poison=40,
-    handler_timeouts=40,
-    hangs=4,
+    handler_timeouts=12,
+    hangs=3,
     faults={
         K.SIGKILL: 12,
         K.CRASH_BEFORE_COMMIT: 12,
@@ -81,7 +81,7 @@ FULL = Profile(
     drain_seconds=300.0,
     push_jobs=22_300,  # 20,070 distinct push jobs
     decode_poison=1_000,
-    handler_timeouts=300,
+    handler_timeouts=100,
     hangs=20,
     faults={
         K.SIGKILL: 60,

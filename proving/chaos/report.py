@@ -102,6 +102,8 @@ def details(findings: Findings, fleet: FleetCounts, published: int, republished:
     lines = [f"{name:<40}{value!s:>12}" for name, value in rows]
     if findings.lost_sample:
         lines.append(f"lost (sample): {', '.join(findings.lost_sample)}")
+    if findings.innocent_sample:
+        lines.append(f"valid jobs dead-lettered (sample): {', '.join(findings.innocent_sample)}")
     if findings.doubled_sample:
         lines.append(f"doubled (sample): {', '.join(findings.doubled_sample)}")
     return lines

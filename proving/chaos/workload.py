@@ -3,7 +3,7 @@
 The plan: local-effect jobs, about a tenth of them published twice more
 (exact duplicates), poison jobs whose handler always raises, and malformed
 messages that must be dead-lettered at once. When the plan has handler
-timeouts or hangs, a tenth of the local jobs go to chaos.slow instead, and
+timeouts or hangs, a quarter of the local jobs go to chaos.slow instead, and
 that many of those carry the `act` that makes them time out or hang once. On top of the planned
 duplicates, the publisher republishes (same `message_id`) whatever it could
 not get confirmed: after a broker restart that is a whole window of jobs.
@@ -94,11 +94,16 @@ _MALFORMED = (
 
 
 def _acts(originals: int, timeouts: int, hangs: int) -> list[tuple[str, Act]]:
-    """Each local original's queue and act: with timeouts or hangs, every tenth goes slow."""
+    """Each local original's queue and act: with timeouts or hangs, every fourth goes slow.
+
+    Thinly: each timeout holds its batch for the deadline, again on each re-run
+    of the batch, so a queue dense with them falls behind, and what waits in a
+    worker's prefetch counts a delivery at each of the run's many disconnects.
+    """
     placed = [(LOCAL_QUEUE, Act.NONE)] * originals
     if not timeouts and not hangs:
         return placed
-    slow = range(0, originals, 10)
+    slow = range(0, originals, 4)
     if len(slow) < timeouts + hangs:
         raise ValueError("too few local jobs for the planned timeouts and hangs")
     misbehave = [Act.HANG] * hangs + [Act.TIMEOUT] * timeouts
