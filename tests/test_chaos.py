@@ -22,6 +22,7 @@ import pytest
 
 from proving.chaos.app import LOCAL_QUEUE, SLOW_QUEUE, Act
 from proving.chaos.checker import observed_timeouts
+from proving.chaos.fleet import Fleet
 from proving.chaos.profile import CI
 from proving.chaos.workload import JobKind, plan
 from tests.support import ROOT
@@ -96,3 +97,22 @@ def test_timeouts_are_counted_from_the_workers_outcome_lines(tmp_path: Path) -> 
         '"event":"retry_scheduled"}\n'
     )
     assert observed_timeouts(tmp_path) == {"local-10": 2, "local-30": 1}
+
+
+def test_a_relay_that_exits_keeps_its_own_log(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "worker-0.log").write_text("a worker's line\n")
+    (logs / "relay-0.log").write_text("the relay's last line\n")
+    relays = Fleet(
+        size=1,
+        env={},
+        log_dir=logs,
+        crash_quota={},
+        max_crash_after=0,
+        rng=random.Random(1),
+        name="relay",
+    )
+    relays._keep_log(relays.slots[0], 1, "exited by itself")
+    assert [p.read_text() for p in relays.kept_logs] == ["the relay's last line\n"]
+    assert relays.kept_logs[0].name.startswith(f"{tmp_path.name}-relay-0-")

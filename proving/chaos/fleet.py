@@ -306,6 +306,7 @@ class Fleet:
     def _keep_log(self, slot: _Slot, code: int, why: str, *, tail: int = TAIL_LINES) -> None:
         """Copy the slot's log out of the run directory, which goes when the run ends."""
         run = self.log_dir.parent.name
-        name = f"{run}-worker-{slot.index}-start{slot.starts}-exit{code}.log"
-        source = self.log_dir / f"worker-{slot.index}.log"
+        # The slot's own log: a relay fleet's slot 0 is relay-0.log, not the worker's.
+        name = f"{run}-{self.name}-{slot.index}-start{slot.starts}-exit{code}.log"
+        source = self.log_dir / f"{self.name}-{slot.index}.log"
         self.kept_logs.append(keep_log(source, name, why, tail=tail))
