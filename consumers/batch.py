@@ -36,6 +36,7 @@ from typing import Any
 import asyncpg
 import structlog
 
+from consumers.acks import AckWindow
 from consumers.context import Batch, Context
 from consumers.deadline import Deadline, HandlerTimeout
 from consumers.decisions import Reject, Retry
@@ -95,6 +96,7 @@ class BatchRunner:
         self.settings = settings
         self.faults = faults
         self.metrics = metrics
+        self.acks: AckWindow | None = None  # a batch's multiple ack covers its channel
         # Past this a handler is cancelled and its message retried (consumers.deadline).
         self.deadline = (
             spec.timeout if spec.timeout is not None else settings.handler_timeout_seconds

@@ -7,7 +7,8 @@ never a lost message. Acks go out with `multiple=True` per channel: a batch
 holds every outstanding delivery up to its highest tag, because one batch
 loop owns one channel and settles a batch before taking the next. The push
 runner settles jobs one by one while other batches of its channel are in
-flight: its acks go one delivery each (`one_by_one`).
+flight: its acks go through its `AckWindow` (`consumers.acks`), which acks
+`multiple=True` only up to the lowest delivery still in flight.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from consumers.verdict import Outcome, Verdict
 from consumers.wire import republishable_headers, republished
 
 if TYPE_CHECKING:
+    from consumers.acks import AckWindow
     from consumers.items import Item
     from consumers.spec import HandlerSpec
 
@@ -74,12 +76,12 @@ class Dispatcher:
         spec: HandlerSpec,
         decided: Sequence[tuple[Item, Verdict]],
         *,
-        one_by_one: bool = False,
+        acks: AckWindow | None = None,
     ) -> None:
         """Publish the retries and dead letters of `decided`, log every outcome, then ack.
 
-        `one_by_one`: ack each delivery alone, for a runner that settles jobs while
-        others of the same channel are still unsettled (a multiple ack would cover them).
+        `acks`: the window of a runner that settles jobs while others of the same
+        channel are still unsettled (a multiple ack of the batch would cover them).
         """
         movers = [(item, verdict) for item, verdict in decided if verdict.outcome in _MOVES]
         results = (
@@ -107,7 +109,7 @@ class Dispatcher:
             lines.flush()
         metrics = self._metrics.consumer(spec.queue)
         metrics.settled(tally)
-        await _acknowledge([item for item, _ in decided], unsettled, metrics, one_by_one)
+        await _acknowledge([item for item, _ in decided], unsettled, metrics, acks)
 
     async def _move(self, spec: HandlerSpec, item: Item, verdict: Verdict) -> Moved:
         """Republish `item` to a delay tier or the dead-letter queue, confirmed."""
@@ -214,9 +216,9 @@ def stamp_dead_lettered(headers: dict[str, Any], now: float | None = None) -> No
 
 
 async def _acknowledge(
-    items: Sequence[Item], unsettled: set[Item], metrics: ConsumerMetrics, one_by_one: bool
+    items: Sequence[Item], unsettled: set[Item], metrics: ConsumerMetrics, acks: AckWindow | None
 ) -> None:
-    """Ack settled items (multiple=True per channel, or each alone); leave the rest to
+    """Ack settled items (multiple=True per channel, or through `acks`); leave the rest to
     redelivery."""
     highest: dict[object, Item] = {}  # by channel: one multiple ack each
     covered: dict[object, int] = {}  # deliveries each channel's one ack settles
@@ -226,6 +228,14 @@ async def _acknowledge(
             # Could not be republished: give it back to the broker now rather
             # than acking it past (a multiple ack would cover it otherwise).
             await _quietly(item.delivery.nack(requeue=True), item)
+    if acks is not None:
+        settled = [item for item in items if item not in unsettled]
+        failed = await acks.settle(settled, nacked=[i for i in items if i in unsettled])
+        if failed:
+            metrics.acks_failed(failed)
+        return
+    for item in items:
+        if item in unsettled:
             continue
         try:
             channel = item.delivery.channel
@@ -239,10 +249,6 @@ async def _acknowledge(
                 outcome="left_to_redelivery",
             )
             failed += 1
-            continue
-        if one_by_one:
-            if not await _quietly(item.delivery.ack(), item):
-                failed += 1
             continue
         covered[channel] = covered.get(channel, 0) + 1
         tag = item.delivery.delivery_tag or 0

@@ -62,7 +62,7 @@ async def _undecidable(runner: Runner, delivery: Delivery, error: Exception) -> 
     item = Item(delivery=delivery, envelope=None)
     try:
         await runner.dispatcher.settle(
-            runner.spec, [(item, retry("framework_error", error=describe(error)))]
+            runner.spec, [(item, retry("framework_error", error=describe(error)))], acks=runner.acks
         )
     except Exception:
         log.exception(
@@ -70,3 +70,5 @@ async def _undecidable(runner: Runner, delivery: Delivery, error: Exception) -> 
         )
         with contextlib.suppress(Exception):
             await delivery.nack(requeue=False)
+        if runner.acks is not None:  # gone at the broker: no longer holds the window back
+            await runner.acks.settle((), nacked=[item])

@@ -14,8 +14,10 @@ A push cannot share our transaction, so the ledger brackets it:
 3. as the answers come, record them (`sent`, `failed`, or back to `claimed`)
    and run `on_invalid_token` for dead tokens, one transaction for every
    answer that arrived while the previous one committed. A job whose answers
-   are all recorded is settled and acked then, on its own: a slow device
-   holds back only its own job (and a channel runs several batches at once).
+   are all recorded is settled then, on its own: a slow device holds back
+   only its own job (and a channel runs several batches at once). Its ack
+   goes through the channel's `AckWindow`: `multiple=True` up to the lowest
+   delivery still in flight, or alone once held back too long.
 
 A crash between the provider accepting and step 3's commit leaves the row
 `sending`; once its lease expires a redelivery applies the UnknownOutcome
@@ -39,6 +41,7 @@ from typing import TypeVar
 import asyncpg
 import structlog
 
+from consumers.acks import AckWindow
 from consumers.circuit import Circuits
 from consumers.dispatch import Dispatcher
 from consumers.faults import CrashPoint, Faults
@@ -119,6 +122,7 @@ class PushRunner:
         settings: WorkerSettings,
         faults: Faults,
         metrics: ConsumerMetrics,
+        acks: AckWindow,
     ) -> None:
         assert spec.push is not None
         self.spec = spec
@@ -132,6 +136,7 @@ class PushRunner:
         self.settings = settings
         self.faults = faults
         self.metrics = metrics
+        self.acks = acks  # the channel's: jobs settle out of order
         self.messages = Messages(inbox.schema)
         self._window = asyncio.Semaphore(SENDS_IN_FLIGHT)
 
@@ -181,7 +186,7 @@ class PushRunner:
     async def _settle(self, decided: Sequence[tuple[Item, Verdict]]) -> None:
         if decided:
             self.faults.reached(CrashPoint.AFTER_COMMIT)
-            await self.dispatcher.settle(self.spec, decided, one_by_one=True)
+            await self.dispatcher.settle(self.spec, decided, acks=self.acks)
 
     async def _claim(self, jobs: dict[Item, PushJob]) -> _Claimed:
         """Step 1: claim jobs, write or lease their targets; commit before any send."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from consumers.acks import AckWindow
 from consumers.dispatch import Dispatcher
 from consumers.items import Delivery
 from consumers.spec import HandlerSpec
@@ -16,6 +17,8 @@ class Runner(Protocol):
     `BatchRunner` (local effects) and `PushRunner` (the send ledger) meet it.
     `run` settles every delivery it is given through `dispatcher`, or raises:
     then `consumers.isolation` finds the message the framework cannot decide.
+    `acks`: the channel's ack window when the runner settles out of delivery
+    order (None: a batch's multiple ack covers it).
     """
 
     @property
@@ -23,5 +26,8 @@ class Runner(Protocol):
 
     @property
     def dispatcher(self) -> Dispatcher: ...
+
+    @property
+    def acks(self) -> AckWindow | None: ...
 
     async def run(self, deliveries: Sequence[Delivery]) -> None: ...

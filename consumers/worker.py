@@ -27,6 +27,7 @@ import aio_pika
 import asyncpg
 import structlog
 
+from consumers.acks import AckWindow
 from consumers.app import App
 from consumers.batch import BatchRunner
 from consumers.circuit import Circuits, CircuitState, CircuitView
@@ -58,13 +59,20 @@ class BatchLoop:
     """One channel's deliveries, settled one batch at a time, or `at_once` at a time.
 
     Local-effect batches go one at a time (their acks are `multiple=True`). A push
-    runner settles each job on its own as its answers are recorded, with acks of
-    one delivery each, so several of its batches may be in flight: a job waiting
-    on a slow device then holds back no batch behind it.
+    runner settles each job on its own as its answers are recorded, its acks
+    through `acks` (`consumers.acks`), so several of its batches may be in
+    flight: a job waiting on a slow device then holds back no batch behind it.
+    `acks` notes each delivery as it arrives, before any batch takes it.
     """
 
     def __init__(
-        self, runner: Runner, max_batch: int, metrics: ConsumerMetrics, *, at_once: int = 1
+        self,
+        runner: Runner,
+        max_batch: int,
+        metrics: ConsumerMetrics,
+        *,
+        at_once: int = 1,
+        acks: AckWindow | None = None,
     ) -> None:
         self.runner = runner
         self.max_batch = max_batch
@@ -77,8 +85,11 @@ class BatchLoop:
         self.consumer_tag: str | None = None
         self._slots = asyncio.Semaphore(at_once)
         self._running: set[asyncio.Task[None]] = set()
+        self.acks = acks
 
     async def on_message(self, message: Delivery) -> None:
+        if self.acks is not None:
+            self.acks.delivered(message)
         self.buffer.append(message)
         self.wake.set()
 
@@ -108,6 +119,9 @@ class BatchLoop:
         finally:
             if self._running:  # stopping: settle the batches in flight first
                 await asyncio.gather(*self._running, return_exceptions=True)
+            if self.acks is not None:  # acks held back behind what is left unsettled
+                await self.acks.flush()
+                self.acks.close()
 
     def _take(self) -> list[Delivery]:
         """Up to `max_batch` deliveries, skipping those of a channel closed since.
@@ -263,7 +277,9 @@ class Worker:
             # only queues the channel knows get their consumers back after a reconnect.
             queue = await channel.declare_queue(spec.queue, passive=True)
             runner: Runner
+            acks: AckWindow | None = None
             if spec.push is not None:
+                acks = AckWindow()
                 runner = PushRunner(
                     spec=spec,
                     pool=self.pool,
@@ -275,6 +291,7 @@ class Worker:
                     settings=ws,
                     faults=self.app.faults,
                     metrics=self.metrics.consumer(spec.queue),
+                    acks=acks,
                 )
             else:
                 runner = BatchRunner(
@@ -288,7 +305,7 @@ class Worker:
                 )
             at_once = PUSH_BATCHES_AT_ONCE if spec.push is not None else 1
             loop = BatchLoop(
-                runner, ws.max_batch, self.metrics.consumer(spec.queue), at_once=at_once
+                runner, ws.max_batch, self.metrics.consumer(spec.queue), at_once=at_once, acks=acks
             )
             loop.queue = queue
             self._tasks.append(asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}"))

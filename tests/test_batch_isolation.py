@@ -34,6 +34,7 @@ class FailsOn:
         self.inner = inner
         self.spec = inner.spec
         self.dispatcher = inner.dispatcher
+        self.acks = inner.acks
         self.message_id = message_id
 
     async def run(self, deliveries: Sequence[Delivery]) -> None:

@@ -366,3 +366,41 @@ async def test_same_push_job_delivered_to_four_workers_sends_once_per_target(
     assert logs.count('"push_sent"') == len(tokens)
     assert '"send_in_progress"' in logs  # duplicates did meet a live lease (the 409 path)
     assert "batch_failed" not in logs
+
+
+async def test_worker_killed_between_settle_and_ack_redelivers_and_sends_nothing_twice(
+    pruned: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    spawn_push: Spawn,
+    fake_apns: FakeApns,
+) -> None:
+    # Jobs settle out of order and their acks go out multiple=True, some held
+    # back behind others: a SIGKILL at the third settle (records committed, no
+    # ack of that settle sent) leaves settled jobs unacked. Redelivered, they
+    # find their rows `sent`: acked as duplicates, nothing sent again.
+    tokens = [f"ios-acks-{n:04d}-xxxxxxxx" for n in range(60)]
+    for n, token in enumerate(tokens):
+        fake_apns.script(token, latency=0.01 * (n % 7))  # answers out of publish order
+    first = spawn_push({"PROVING_CRASH_AT": "after_commit", "PROVING_CRASH_AFTER": "2"})
+    await wait_declared(AMQP_URL, queue_name)
+    for n, token in enumerate(tokens):
+        body = job(Target(platform=Platform.IOS, token=token))
+        await publisher.publish(queue_name, body, message_id=f"acks-{n}")
+    assert await first.wait(timeout=30) == -signal.SIGKILL
+    recorded_before = await pruned.fetchval(
+        "SELECT count(*) FROM outbound_sends WHERE status = 'sent'"
+    )
+    assert recorded_before >= 1
+    second = spawn_push()
+    await wait_for(lambda: all_settled(pruned, len(tokens)), timeout=60)
+    second.terminate()
+    await second.expect_exit(0)
+    counts = [len(fake_apns.requests_for(t)) for t in tokens]
+    # Only a send in flight when the first worker died may go twice (its row
+    # `sending`, its lease taken over); a row recorded `sent` never.
+    sent_rows = await pruned.fetch("SELECT token, sends FROM outbound_sends")
+    for row in sent_rows:
+        assert len(fake_apns.requests_for(row["token"])) == row["sends"], counts
+    assert sum(counts) - len(tokens) <= len(tokens) - recorded_before
+    assert '"duplicate_ignored"' in second.log_text()  # settled, unacked: redelivered
