@@ -8,9 +8,10 @@ POST /v1/messages, top to bottom:
    and different: 400; neither: 400 `idempotency_key_required`);
 4. the fingerprint: SHA-256 of the canonical body, the key field left out;
 5. the group committer writes key row, message row and outbox row in one
-   transaction, shared with the requests that arrived meanwhile; only after
-   COMMIT: 202 `queued`, or 202 `duplicate_ignored` with the first id and
-   `Idempotent-Replayed: true`, or 422 `idempotency_key_reused`.
+   statement and one commit, shared with the requests that arrived meanwhile
+   (`ingress.commit`); only after COMMIT: 202 `queued`, or 202
+   `duplicate_ignored` with the first id and `Idempotent-Replayed: true`, or
+   422 `idempotency_key_reused`.
 The database unreachable: 503 with Retry-After; the client retries, same key.
 """
 
