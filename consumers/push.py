@@ -46,6 +46,7 @@ from consumers.circuit import Circuits
 from consumers.dispatch import Dispatcher
 from consumers.faults import CrashPoint, Faults
 from consumers.items import Delivery, Item, Verdicts, decode_batch
+from consumers.logs import outcome_lines
 from consumers.metrics import ConsumerMetrics
 from consumers.push_answers import (
     Answered,
@@ -395,7 +396,11 @@ class PushRunner:
                 await rollback_quietly(tx)
                 raise
             await tx.commit()  # <- answers durable; only now may the jobs be acked
+        lines = outcome_lines()  # the sent lines (most of them) without structlog's chain
         for answer in answers:
-            log_answer(answer, consumer=self.spec.queue, recorded=answer.send.target in recorded)
+            recorded_now = answer.send.target in recorded
+            log_answer(answer, consumer=self.spec.queue, recorded=recorded_now, lines=lines)
+        if lines is not None:
+            lines.flush()
         for provider, outcomes in metric_outcomes(answers, recorded).items():
             self.metrics.pushes(provider, outcomes)

@@ -24,6 +24,7 @@ import structlog
 
 from consumers.circuit import ProbeResult
 from consumers.items import Item
+from consumers.logs import OutcomeLines
 from consumers.push_job import PushJob
 from consumers.spec import DeadToken
 from consumers.verdict import EFFECT, Verdict, describe, retry
@@ -186,10 +187,15 @@ def redact(token: str) -> str:
     return f"{token[:6]}…" if len(token) > 8 else "…"
 
 
-def log_answer(answer: Answered, *, consumer: str, recorded: bool) -> None:
-    """One line per target answered: push_sent, invalid_token, push_failed or push_deferred."""
+def log_answer(
+    answer: Answered, *, consumer: str, recorded: bool, lines: OutcomeLines | None = None
+) -> None:
+    """One line per target answered: push_sent, invalid_token, push_failed or push_deferred.
+
+    `lines`: the fast path (`consumers.logs.outcome_lines()`), written by the caller.
+    """
     send, result = answer.send, answer.result
-    fields = {
+    fields: dict[str, object] = {
         "consumer": consumer,
         "tenant": send.target.key.tenant,
         "message_id": send.target.key.message_id,
@@ -202,7 +208,12 @@ def log_answer(answer: Answered, *, consumer: str, recorded: bool) -> None:
         "collapse_id": send.ids.collapse_id,
         "recorded": recorded,
     }
-    if result.status is SendStatus.SENT:
+    if result.status is SendStatus.SENT and lines is not None:
+        # The keys in the order the structlog call below would give them.
+        lines.line(
+            "push_sent", "info", {"provider_message_id": result.provider_message_id, **fields}
+        )
+    elif result.status is SendStatus.SENT:
         log.info("push_sent", provider_message_id=result.provider_message_id, **fields)
     elif answer.dead_token:
         log.warning("invalid_token", reason=result.failure_reason, **fields)

@@ -5,14 +5,20 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Iterator
+from typing import cast
 
 import orjson
 import pytest
 import structlog
 
 from consumers import App, Context, Publisher, Settings, Worker
+from consumers.envelope import Envelope
+from consumers.items import Delivery, Item
 from consumers.logs import configure_logging, outcome_lines
-from dedupe import DbConnection
+from consumers.push_answers import Answered, Send, log_answer
+from consumers.push_job import parse_push_job
+from dedupe import DbConnection, DedupeKey, SendResult, SendStatus, TargetKey
+from providers import Platform, Target, send_ids
 from tests.support import wait_for
 
 STAMP = re.compile(rb'"timestamp": ?"[^"]+"')
@@ -137,3 +143,31 @@ async def test_a_worker_writes_one_json_line_per_outcome(
         ("effect_committed", "line-1", "info"),
         ("effect_committed", "line-2", "info"),
     ]
+
+
+def test_fast_push_sent_line_is_the_json_chains_bytes(json_log: io.BytesIO) -> None:
+    key = DedupeKey(consumer="pushes", tenant="acme", message_id="order-1042-shipped")
+    envelope = Envelope(key=key, body={}, fingerprint=b"", attempt=2)
+    device = Target(platform=Platform.IOS, token="ios-token-aaaaaaaaaaaa")
+    send = Send(
+        item=Item(delivery=cast(Delivery, None), envelope=envelope),  # the line reads no delivery
+        job=parse_push_job({"targets": [{"platform": "ios", "token": device.token}]}),
+        target=TargetKey(key=key, target_index=0),
+        device=device,
+        ids=send_ids("k", device.token),
+        provider="apns",
+    )
+    result = SendResult(target=send.target, status=SendStatus.SENT, provider_message_id="p-1")
+    answer = Answered(send=send, result=result)
+    log_answer(answer, consumer="pushes", recorded=True)
+    by_structlog = json_log.getvalue()
+    json_log.seek(0)
+    json_log.truncate()
+
+    lines = outcome_lines()
+    assert lines is not None
+    log_answer(answer, consumer="pushes", recorded=True, lines=lines)
+    lines.flush()
+
+    assert STAMP.sub(b"", json_log.getvalue()) == STAMP.sub(b"", by_structlog)
+    assert b'"push_sent"' in by_structlog
