@@ -2,11 +2,12 @@
 
 The guarantee: every row committed to the outbox is published with its own
 message_id and body, at least once, and is marked published only after the
-broker confirmed it. Read `Relay.relay_batch`:
+broker confirmed it. Read `Relay.relay_batch`, which is `_claim` then `_finish`:
 
 1. BEGIN; claim up to `batch_size` pending rows, oldest first, with
-   `FOR UPDATE SKIP LOCKED`: other relays skip the rows we hold and we skip
-   theirs, so any number of relays share the work and none holds a row twice;
+   `FOR UPDATE SKIP LOCKED`: other relays (and this relay's other batches in
+   flight) skip the rows we hold and we skip theirs, so any number of relays
+   share the work and none holds a row twice;
 2. publish every claimed row through the `Publisher` (mandatory, confirms,
    retried with the same message, all of them in flight at once); each
    publish resolves on its own confirm;
@@ -15,18 +16,24 @@ broker confirmed it. Read `Relay.relay_batch`:
 4. COMMIT. From here the marks are durable and no relay publishes them again.
 
 A relay that dies anywhere before 4 (SIGKILL, a lost connection) takes its
-transaction with it: the locks go, the rows are pending again, and the next
+transactions with it: the locks go, the rows are pending again, and the next
 claim publishes them once more, with the same message_id. The consumer's
 dedupe key absorbs that copy, so effects downstream still happen once. This
 is at-least-once on the broker, exactly-once in effect. There is no
 `id > last_seen` cursor: every claim asks for whatever is pending, so the rows
 of a transaction that commits late are not skipped.
 
-When to look: a trigger NOTIFYs `idempotent_workers_outbox` (payload: the
-schema) when an inserting transaction commits; a relay LISTENs, and also
-polls every `poll_interval_s` in case a notification was missed (the
-listening connection lost, a relay started after the commit). A full batch is
-followed by the next one at once.
+When to claim: one claimer per relay (`_claim_loop`). A trigger NOTIFYs
+`idempotent_workers_outbox` (payload: the schema) when an inserting
+transaction commits; the claimer LISTENs, and also polls every
+`poll_interval_s` in case a notification was missed (the listening
+connection lost, a relay started after the commit). It claims as soon as
+rows may be pending and one of `concurrency` batch slots (a pooled
+connection, a transaction) is free, and hands the batch to a task of its own
+for steps 2 to 4: the next claim does not wait for the previous batch's
+confirms, mark and commit. So a row committed while batches are in flight is
+claimed at once (a slot free) or as soon as one finishes, together with
+whatever else came meanwhile, and no fixed wait sits anywhere on the path.
 
 Ordering: rows are claimed oldest first, but `concurrency` batches (and other
 relays) run side by side and a failed publish is retried later, so no order
@@ -44,6 +51,7 @@ from dataclasses import dataclass
 import aio_pika
 import asyncpg
 import structlog
+from asyncpg.transaction import Transaction
 
 from consumers.connection import connect
 from consumers.faults import NO_FAULTS, CrashPoint, Faults
@@ -52,6 +60,15 @@ from consumers.settings import RelaySettings, Settings
 from dedupe import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure, check_schema, quote_ident
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Claimed:
+    """Rows locked by an open transaction on a connection taken from the pool."""
+
+    conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record]
+    tx: Transaction
+    rows: list[OutboxRow]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,17 +94,41 @@ class Relay:
         self._wake = asyncio.Event()
         self._listen_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._slots = asyncio.Semaphore(self.relay_settings.concurrency)  # batches in flight
+        self._failures = 0  # claims and batches failed in a row: the claimer backs off
+        self._claimer: asyncio.Task[None] | None = None
+        self._batches: set[asyncio.Task[None]] = set()
 
     # -- one batch: the guarantee ----------------------------------------
 
     async def relay_batch(self) -> BatchResult:
         """Claim, publish, mark and commit one batch of pending rows."""
-        assert self._pool is not None and self._publisher is not None
-        async with self._pool.acquire() as conn, conn.transaction():
+        claimed = await self._claim()
+        if claimed is None:
+            return BatchResult(claimed=0, published=0, failed=0)
+        return await self._finish(claimed)
+
+    async def _claim(self) -> _Claimed | None:
+        """1. BEGIN and lock up to `batch_size` pending rows; None (rolled back) if none."""
+        assert self._pool is not None
+        conn = await self._pool.acquire()
+        tx = conn.transaction()
+        try:
+            await tx.start()
             rows = await self.outbox.claim(conn, self.relay_settings.batch_size)  # 1.
-            if not rows:
-                return BatchResult(claimed=0, published=0, failed=0)
+        except BaseException:
+            await self._give_back(conn, tx)
+            raise
+        if not rows:
+            await self._give_back(conn, tx)
+            return None
+        return _Claimed(conn=conn, tx=tx, rows=rows)
+
+    async def _finish(self, claimed: _Claimed) -> BatchResult:
+        """2. to 4. for a claimed batch; the connection goes back to the pool either way."""
+        assert self._publisher is not None
+        conn, rows = claimed.conn, claimed.rows
+        try:
             errors = await self._publisher.publish_many([_job(r) for r in rows])  # 2.
             self.faults.reached(CrashPoint.AFTER_PUBLISH)
             confirmed = [r.id for r, e in zip(rows, errors, strict=True) if e is None]
@@ -96,31 +137,67 @@ class Relay:
             ]
             await self.outbox.mark_published(conn, confirmed)  # 3.
             await self.outbox.postpone(conn, failures)
-        # 4. committed: the marks are durable, these rows are done.
+            await claimed.tx.commit()  # 4.
+        except BaseException:
+            await self._give_back(conn, claimed.tx)  # rolled back: the rows are pending again
+            raise
+        assert self._pool is not None
+        await self._pool.release(conn)
+        # committed: the marks are durable, these rows are done.
         self.published += len(confirmed)
         for failure in failures:
             log.warning("outbox_publish_failed", row=failure.id, error=failure.error)
         return BatchResult(claimed=len(rows), published=len(confirmed), failed=len(failures))
 
-    # -- around it: when to run a batch ------------------------------------
+    async def _give_back(
+        self, conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], tx: Transaction
+    ) -> None:
+        """Roll back (if it still can) and return the connection to the pool."""
+        assert self._pool is not None
+        with contextlib.suppress(Exception):
+            await tx.rollback()
+        await self._pool.release(conn)
 
-    async def _loop(self, n: int) -> None:
-        """Run batches while there is work; between, wait for a NOTIFY or the poll."""
-        failures = 0
+    # -- around it: when to claim ------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        """Claim whenever rows may be pending and a slot is free; finish each batch aside."""
+        batch_size = self.relay_settings.batch_size
         while not self._stopping.is_set():
+            if self._failures:
+                # Nothing is lost: a failed batch rolled back, its rows are pending.
+                await self._sleep(random.uniform(0, min(5.0, 0.1 * 2**self._failures)))
+            await self._slots.acquire()
+            if self._stopping.is_set():
+                self._slots.release()
+                return
             self._wake.clear()  # before the claim: a commit after it wakes us again
             try:
-                result = await self.relay_batch()
-                failures = 0
+                claimed = await self._claim()
             except Exception as exc:
-                # Nothing is lost: the transaction rolled back, the rows are pending.
-                failures += 1
-                delay = random.uniform(0, min(5.0, 0.1 * 2**failures))
-                log.warning("relay_batch_failed", loop=n, error=repr(exc), delay_s=round(delay, 3))
-                await self._sleep(delay)
+                self._slots.release()
+                self._failures += 1
+                log.warning("relay_claim_failed", error=repr(exc), failures=self._failures)
                 continue
-            if result.claimed < self.relay_settings.batch_size:
+            if claimed is None:
+                self._slots.release()
                 await self._idle()
+                continue
+            batch = asyncio.create_task(self._finish_aside(claimed), name="relay:batch")
+            self._batches.add(batch)
+            batch.add_done_callback(self._batches.discard)
+            if len(claimed.rows) < batch_size:
+                await self._idle()  # at once if a commit came during the claim
+
+    async def _finish_aside(self, claimed: _Claimed) -> None:
+        try:
+            await self._finish(claimed)
+            self._failures = 0
+        except Exception as exc:
+            self._failures += 1
+            log.warning("relay_batch_failed", error=repr(exc), failures=self._failures)
+        finally:
+            self._slots.release()
 
     async def _idle(self) -> None:
         await self._ensure_listening()
@@ -177,9 +254,7 @@ class Relay:
             channel, PublisherSettings(window=max(rs.batch_size * rs.concurrency, 1))
         )
         await self._ensure_listening()
-        self._tasks = [
-            asyncio.create_task(self._loop(n), name=f"relay:{n}") for n in range(rs.concurrency)
-        ]
+        self._claimer = asyncio.create_task(self._claim_loop(), name="relay:claim")
         log.info(
             "relay_started",
             schema=db.schema,
@@ -191,10 +266,13 @@ class Relay:
     async def stop(self) -> None:
         """Finish the batches in flight (within the grace), then close."""
         self._stopping.set()
-        if self._tasks:
-            _, pending = await asyncio.wait(
-                self._tasks, timeout=self.settings.worker.shutdown_grace_seconds
-            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.worker.shutdown_grace_seconds
+        # The claimer first (it starts no batch once stopping), then what it started.
+        for tasks in ([self._claimer] if self._claimer is not None else [], self._batches):
+            if not tasks:
+                continue
+            _, pending = await asyncio.wait(set(tasks), timeout=max(0.0, deadline - loop.time()))
             for task in pending:
                 task.cancel()  # its transaction rolls back: the rows stay pending
             await asyncio.gather(*pending, return_exceptions=True)

@@ -15,11 +15,12 @@ import aio_pika
 import asyncpg
 import pytest
 
-from consumers import RelaySettings, Settings
+from consumers import AmqpSettings, RelaySettings, Settings
 from consumers.relay import Relay
 from dedupe import DbConnection, Outbox
 from tests.conftest import AMQP_URL, DATABASE_URL
 from tests.support import ROOT, wait_for
+from tests.test_chaos_proxy import _proxy_to, _through
 
 
 @pytest.fixture
@@ -54,6 +55,18 @@ async def _pending(db: DbConnection) -> int:
 
 async def _none_pending(db: DbConnection) -> bool:
     return await _pending(db) == 0
+
+
+async def _claimed(db: DbConnection, prefix: str) -> int:
+    """Rows of `prefix` pending and locked by a relay's open batch (SKIP LOCKED passes them)."""
+    row = await db.fetchrow(
+        "SELECT count(*) AS pending, (SELECT count(*) FROM (SELECT id FROM outbox"
+        "  WHERE published_at IS NULL AND message_id LIKE $1 || '%' FOR UPDATE SKIP LOCKED) f)"
+        " AS free FROM outbox WHERE published_at IS NULL AND message_id LIKE $1 || '%'",
+        prefix,
+    )
+    assert row is not None
+    return int(row["pending"]) - int(row["free"])
 
 
 async def _take(channel: aio_pika.abc.AbstractChannel, queue: str) -> list[tuple[str, str, bytes]]:
@@ -196,3 +209,40 @@ async def test_relay_command_publishes_the_outbox_and_exits_cleanly_on_sigterm(
             proc.kill()
             proc.wait()
         log.close()
+
+
+async def test_rows_committed_while_a_batch_awaits_its_confirms_are_claimed_before_it_ends(
+    db: DbConnection,
+    schema: str,
+    settings: Settings,
+    target: str,
+    channel: aio_pika.abc.AbstractChannel,
+) -> None:
+    # Every AMQP chunk takes a second each way: the first batch waits at least
+    # two for its confirms. The rows committed meanwhile must not wait for it.
+    proxy = await _proxy_to(AMQP_URL, "amqp", 5672)
+    slow = replace(settings, amqp=AmqpSettings(urls=(_through(AMQP_URL, proxy),)))
+    relay = Relay(_relay_settings(slow, RelaySettings(concurrency=4, poll_interval_s=0.2)))
+    await relay.start()
+    delaying = asyncio.create_task(proxy.delay(1.0, 4.0))
+    try:
+        await _enqueue(db, schema, target, [f"a{n}" for n in range(10)])
+
+        async def first_in_flight() -> bool:
+            return await _claimed(db, "a") == 10
+
+        await wait_for(first_in_flight, timeout=30)
+        await _enqueue(db, schema, target, [f"b{n}" for n in range(10)])
+
+        async def second_claimed_while_first_unconfirmed() -> bool:
+            return await _claimed(db, "b") == 10 and await _claimed(db, "a") == 10
+
+        await wait_for(second_claimed_while_first_unconfirmed, timeout=30)
+        await wait_for(lambda: _none_pending(db), timeout=60)
+    finally:
+        await relay.stop()
+        delaying.cancel()
+        await proxy.close()
+    got = sorted(m for m, _, _ in await _take(channel, target))
+    assert got == sorted([f"a{n}" for n in range(10)] + [f"b{n}" for n in range(10)])
+    assert relay.published == 20
