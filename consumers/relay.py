@@ -13,7 +13,11 @@ broker confirmed it. Read `Relay.relay_batch`, which is `_claim` then `_finish`:
    publish resolves on its own confirm;
 3. mark the confirmed rows published; leave the ones that failed
    (`Unroutable`, `NotConfirmed`) pending, postponed with backoff;
-4. COMMIT. From here the marks are durable and no relay publishes them again.
+4. COMMIT. From here the marks are visible and no relay publishes them again.
+   The relay commits with `synchronous_commit = off`: it does not wait for
+   the WAL fsync. If PostgreSQL itself crashes in the next fraction of a
+   second, a mark may be lost; its rows are then pending again and published
+   once more, with the same message_id, as after a relay crash below.
 
 A relay that dies anywhere before 4 (SIGKILL, a lost connection) takes its
 transactions with it: the locks go, the rows are pending again, and the next
@@ -143,7 +147,7 @@ class Relay:
             raise
         assert self._pool is not None
         await self._pool.release(conn)
-        # committed: the marks are durable, these rows are done.
+        # 4. committed: the marks are visible, these rows are done.
         self.published += len(confirmed)
         for failure in failures:
             log.warning("outbox_publish_failed", row=failure.id, error=failure.error)
@@ -244,7 +248,12 @@ class Relay:
             db.url,
             min_size=rs.concurrency,
             max_size=rs.concurrency,
-            server_settings={"search_path": f"{quote_ident(db.schema)}, public"},
+            server_settings={
+                "search_path": f"{quote_ident(db.schema)}, public",
+                # A mark lost with PostgreSQL itself only republishes its rows
+                # (same message_id): no need to wait for the fsync (step 4).
+                "synchronous_commit": "off",
+            },
         )
         async with self._pool.acquire() as conn:
             await check_schema(conn, db.schema)

@@ -106,7 +106,7 @@ class MetricsSettings:
 class RelaySettings:
     in_run: bool = False  # `run` relays the outbox too, beside its handlers
     batch_size: int = 500  # rows claimed (and published at once) per transaction
-    concurrency: int = 2  # batches in flight per relay, each its own transaction
+    concurrency: int = 4  # batches in flight per relay, each its own transaction
     poll_interval_s: float = 1.0  # look even without a NOTIFY this often
 
     def __post_init__(self) -> None:
@@ -163,7 +163,7 @@ class Settings:
             relay=RelaySettings(
                 in_run=env.get("IW_RELAY", "0").lower() in ("1", "true", "yes"),
                 batch_size=int(env.get("IW_RELAY_BATCH", "500")),
-                concurrency=int(env.get("IW_RELAY_CONCURRENCY", "2")),
+                concurrency=int(env.get("IW_RELAY_CONCURRENCY", "4")),
                 poll_interval_s=float(env.get("IW_RELAY_POLL", "1")),
             ),
         )
