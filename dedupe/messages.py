@@ -129,14 +129,27 @@ class Messages:
             "  FROM input i JOIN won w ON w.message_id = i.id)"
             " SELECT w.message_id IS NOT NULL, k.fingerprint, coalesce(w.message_id, k.message_id)"
             " FROM input i LEFT JOIN won w ON w.message_id = i.id"
-            f" LEFT JOIN {self._keys} k ON w.message_id IS NULL"
-            "  AND (k.tenant, k.idempotency_key) = (i.tenant, i.idempotency_key)"
+            f" LEFT JOIN LATERAL ({self._key_lookup('i.tenant', 'i.idempotency_key')}"
+            "  AND w.message_id IS NULL LIMIT 1) k ON true"
             " ORDER BY i.n"
         )
         self._find_keys_sql = (
-            "SELECT k.tenant, k.idempotency_key, k.fingerprint, k.message_id"
-            f" FROM {self._keys} k JOIN unnest($1::text[], $2::text[]) AS x(t, ik)"
-            " ON (k.tenant, k.idempotency_key) = (x.t, x.ik)"
+            "SELECT x.t, x.ik, k.fingerprint, k.message_id"
+            " FROM unnest($1::text[], $2::text[]) AS x(t, ik)"
+            f" JOIN LATERAL ({self._key_lookup('x.t', 'x.ik')} LIMIT 1) k ON true"
+        )
+
+    def _key_lookup(self, tenant: str, key: str) -> str:
+        """One key's row by its primary key, for a LATERAL join.
+
+        One index probe per request, however the plan was made: the statements
+        are prepared, and a generic plan made while the table was empty joined
+        it by a sequential scan, which then cost every commit the whole table
+        (LIMIT keeps the subquery from being merged into a plain join).
+        """
+        return (
+            f"SELECT fingerprint, message_id FROM {self._keys}"
+            f" WHERE tenant = {tenant} AND idempotency_key = {key}"
         )
 
     async def accept(self, conn: DbConnection, requests: Sequence[NewMessage]) -> list[Accepted]:
