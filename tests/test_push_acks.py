@@ -7,6 +7,9 @@ channel), and must not wait behind a slow job longer than the hold.
 
 from __future__ import annotations
 
+import asyncio
+import shutil
+import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -14,8 +17,13 @@ from dataclasses import dataclass
 import aio_pika
 import pytest
 
+from consumers import App, Publisher, Settings, Worker, push_job_body
 from consumers.acks import AckWindow
 from consumers.items import Delivery, Item
+from dedupe import DbConnection
+from providers import ApnsProvider, Platform, Provider, Target
+from providers.fakes.apns import FakeApns
+from tests.apps.push_app import FAST_RETRY
 from tests.conftest import AMQP_URL
 from tests.support import wait_for
 
@@ -146,3 +154,85 @@ async def test_acks_held_behind_a_slow_delivery_go_alone_after_the_hold(
     await wait_for(sent_alone, timeout=5)
     assert not held_briefly.channel.is_closed
     assert await held_briefly.unacked_after_close() == 1  # only 6, never settled
+
+
+@pytest.mark.skipif(
+    shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl to close a connection"
+)
+async def test_push_acks_after_a_reconnect_leave_nothing_unacked_and_send_once(
+    db: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    fake_apns: FakeApns,
+) -> None:
+    """Tags start again at 1 on the new channel: the old channel's window must not ack them."""
+    fake_apns.script("slow-device-xxxxxxxx", latency=1.0)  # in flight when the channel goes
+    app = App(retry=FAST_RETRY)
+
+    async def provider() -> Provider:
+        return ApnsProvider(fake_apns.settings(timeout_seconds=5.0))
+
+    app.push_handler(queue_name, provider=provider, lease_seconds=30.0)
+    tokens = ["slow-device-xxxxxxxx", *(f"fast-device-{n:04d}" for n in range(20))]
+    async with Worker(app, settings) as worker:
+        for n, token in enumerate(tokens[:11]):
+            body = push_job_body(targets=[Target(platform=Platform.IOS, token=token)], body="x")
+            await publisher.publish(queue_name, body, message_id=f"before-{n}")
+        await wait_for(lambda: _requested(fake_apns, 11))
+        closed = await asyncio.to_thread(
+            _close_connection, f"idempotent-workers {worker.worker_id}"
+        )
+        assert closed == 1
+        for n, token in enumerate(tokens[11:]):
+            body = push_job_body(targets=[Target(platform=Platform.IOS, token=token)], body="x")
+            await publisher.publish(queue_name, body, message_id=f"after-{n}")
+        await wait_for(lambda: _sent(db, len(tokens)), timeout=60)
+        await wait_for(lambda: _nothing_ready(queue_name), timeout=30)
+        loops = worker._loops
+        assert all(loop.queue is not None and not loop.queue.channel.is_closed for loop in loops)
+
+        async def all_acked() -> bool:
+            return all(loop.acks is None or loop.acks.unsettled() == 0 for loop in loops)
+
+        await wait_for(all_acked, timeout=30)
+    assert await _nothing_ready(queue_name)  # after stop: nothing came back unacked
+    assert all(len(fake_apns.requests_for(t)) == 1 for t in tokens)
+
+
+def _close_connection(name: str) -> int:
+    listed = subprocess.run(
+        ["rabbitmqctl", "list_connections", "pid", "client_properties", "-q", "--no-table-headers"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    closed = 0
+    for line in listed.stdout.splitlines():
+        pid, _, properties = line.partition("\t")
+        if f'{{"connection_name","{name}"}}' in properties:
+            subprocess.run(
+                ["rabbitmqctl", "close_connection", pid, "test: drop the worker"],
+                check=True,
+                capture_output=True,
+            )
+            closed += 1
+    return closed
+
+
+async def _requested(fake: FakeApns, n: int) -> bool:
+    return len(fake.requests) >= n
+
+
+async def _sent(db: DbConnection, n: int) -> bool:
+    sent = await db.fetchval("SELECT count(*) FROM outbound_sends WHERE status = 'sent'")
+    return bool(sent >= n)
+
+
+async def _nothing_ready(queue_name: str) -> bool:
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        queue = await (await connection.channel()).declare_queue(queue_name, passive=True)
+        return queue.declaration_result.message_count == 0
+    finally:
+        await connection.close()
