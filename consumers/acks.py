@@ -62,6 +62,11 @@ class AckWindow:
         self._channels: dict[object, _Channel] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._flushing: set[asyncio.Task[int]] = set()
+        # One settle or flush at a time, from marking to the last frame: a tag
+        # marked "acked alone" whose frame had not gone out yet could otherwise
+        # be covered by another's multiple ack first, and its own ack then
+        # names a tag the broker no longer holds (the channel closes).
+        self._lock = asyncio.Lock()
 
     def delivered(self, delivery: Delivery) -> None:
         """Note a delivery as it arrives, before anything may settle it."""
@@ -86,6 +91,10 @@ class AckWindow:
 
         Returns how many deliveries could not be acked (left to redelivery).
         """
+        async with self._lock:
+            return await self._settle(acks, nacked)
+
+    async def _settle(self, acks: Iterable[Item], nacked: Iterable[Item]) -> int:
         failed = 0
         due: list[tuple[_Channel, Item]] = []
         for item, ack in [*((i, False) for i in nacked), *((i, True) for i in acks)]:
@@ -95,6 +104,8 @@ class AckWindow:
                     failed += not await _ack(item, multiple=False)
                 continue
             state, tag = found
+            if tag in state.settled or not state.order or tag < state.order[0]:
+                continue  # settled twice: the first one counts (its ack is out or due)
             state.settled[tag] = item if ack else None
             if ack:
                 due.append((state, item))
@@ -106,20 +117,17 @@ class AckWindow:
 
     async def flush(self) -> int:
         """Ack every settled delivery now, alone where a multiple ack is not safe yet."""
-        alone: list[Item] = []
-        for state in self._channels.values():
-            # Marked before any await: a settle() meanwhile never names these again.
-            for tag, item in state.settled.items():
-                if item is not None:
-                    state.settled[tag] = None
-                    alone.append(item)
-        failed = 0
-        for state in list(self._channels.values()):
-            failed += await self._pass(state)
-        for item in alone:
-            failed += not await _ack(item, multiple=False)
-        self._drop_closed()
-        return failed
+        async with self._lock:
+            failed = 0
+            for state in list(self._channels.values()):
+                failed += await self._pass(state)  # the front first: one multiple ack
+                # What is left sits above a delivery still in flight: each alone.
+                for tag, item in state.settled.items():
+                    if item is not None:
+                        state.settled[tag] = None
+                        failed += not await _ack(item, multiple=False)
+            self._drop_closed()
+            return failed
 
     def close(self) -> None:
         """Stop the hold timer (the worker is stopping; `flush()` went first)."""

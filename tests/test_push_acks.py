@@ -156,6 +156,33 @@ async def test_acks_held_behind_a_slow_delivery_go_alone_after_the_hold(
     assert await held_briefly.unacked_after_close() == 1  # only 6, never settled
 
 
+async def test_a_flush_racing_a_settle_never_acks_a_tag_a_multiple_ack_covered(
+    held_long: Consuming,
+) -> None:
+    items, window = held_long.items, held_long.window
+    await window.settle([items[2], items[3]])  # 3 and 4 held behind 1 and 2
+    # The flush acks 3 and 4 alone while 1, 2 and 5 settle: were 4 still due
+    # when a multiple ack at 5 went out, its own ack would name a tag the
+    # broker no longer holds, and the broker would close the channel.
+    await asyncio.gather(window.flush(), window.settle([items[0], items[1], items[4]]))
+
+    async def settled() -> bool:
+        return window.held() == 0
+
+    await wait_for(settled, timeout=5)
+    assert await _nothing_ready_on(held_long) is None  # the channel is still open
+    assert await held_long.unacked_after_close() == 1  # 6 only
+
+
+async def _nothing_ready_on(consumed: Consuming) -> str | None:
+    """A round trip on the consuming channel: None, or why the broker closed it."""
+    try:
+        await consumed.channel.declare_queue(consumed.queue, passive=True)
+    except Exception as exc:
+        return repr(exc)
+    return None
+
+
 @pytest.mark.skipif(
     shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl to close a connection"
 )
