@@ -9,6 +9,7 @@ import asyncpg
 import orjson
 import pytest
 
+from consumers.verdict import CONNECTION_ERRORS
 from dedupe import (
     Acceptance,
     Accepted,
@@ -155,3 +156,30 @@ async def test_a_group_the_database_refuses_stores_nothing_and_every_request_hea
     assert await rows(db) == (0, 0, 0)
     [again] = await one_group(committer, [request("k-1")])
     assert isinstance(again, Accepted) and again.outcome is Acceptance.QUEUED
+
+
+async def test_a_lost_connection_answers_its_group_503_and_the_lane_takes_another(
+    messages: RecordingMessages, db: DbConnection
+) -> None:
+    backends: list[int] = []
+
+    async def remember(conn: asyncpg.Connection) -> None:
+        backends.append(conn.get_server_pid())
+
+    pool = await asyncpg.create_pool(DATABASE_URL, min_size=1, max_size=2, init=remember)
+    committer = Committer(pool, messages, lanes=1)
+    committer.start()
+    try:
+        [first] = await one_group(committer, [request("k-1")])
+        assert isinstance(first, Accepted)
+        for pid in list(backends):  # this pool's sessions only: the database is shared
+            await db.execute("SELECT pg_terminate_backend($1, 5000)", pid)  # waits till gone
+        lost = await one_group(committer, [request("k-2"), request("k-3")])
+        assert messages.groups[-1] == 2  # not run again one by one: the connection is gone
+        assert all(isinstance(a, CONNECTION_ERRORS) for a in lost), lost
+        again = await one_group(committer, [request("k-2"), request("k-3")])
+        assert [a.outcome for a in again if isinstance(a, Accepted)] == [Acceptance.QUEUED] * 2
+    finally:
+        await committer.stop()
+        await pool.close()
+    assert await rows(db) == (3, 3, 3)
