@@ -53,10 +53,6 @@ from providers import Provider
 log = structlog.get_logger(__name__)
 
 PUSH_BATCHES_AT_ONCE = 8  # per channel: a slow device holds back only its own batch
-# Bodies in one push batch at most (about 600 targets of fan-out jobs): a batch
-# of large jobs is split, so one batch's claim overlaps the sends of another
-# instead of every send waiting for one claim of thousands of targets.
-PUSH_BATCH_BYTES = 64 * 1024
 
 
 class BatchLoop:
@@ -67,7 +63,6 @@ class BatchLoop:
     through `acks` (`consumers.acks`), so several of its batches may be in
     flight: a job waiting on a slow device then holds back no batch behind it.
     `acks` notes each delivery as it arrives, before any batch takes it.
-    `max_batch_bytes`: a batch also ends before its bodies pass this size.
     """
 
     def __init__(
@@ -78,11 +73,9 @@ class BatchLoop:
         *,
         at_once: int = 1,
         acks: AckWindow | None = None,
-        max_batch_bytes: int | None = None,
     ) -> None:
         self.runner = runner
         self.max_batch = max_batch
-        self.max_batch_bytes = max_batch_bytes
         self.metrics = metrics
         self.in_flight = 0  # this loop's share of the consumer's in-flight gauge
         self.buffer: deque[Delivery] = deque()
@@ -131,8 +124,7 @@ class BatchLoop:
                 self.acks.close()
 
     def _take(self) -> list[Delivery]:
-        """Up to `max_batch` deliveries (and `max_batch_bytes` of bodies, at least one),
-        skipping those of a channel closed since.
+        """Up to `max_batch` deliveries, skipping those of a channel closed since.
 
         The broker took those back when their channel closed and redelivers
         them on the new one: run anyway, each would cost a handler call and an
@@ -141,12 +133,7 @@ class BatchLoop:
         """
         batch: list[Delivery] = []
         stale = 0
-        size, most = 0, self.max_batch_bytes
         while self.buffer and len(batch) < self.max_batch:
-            if most is not None:
-                size += len(self.buffer[0].body)
-                if batch and size > most:
-                    break
             delivery = self.buffer.popleft()
             try:
                 delivery.channel  # noqa: B018 -- raises once the channel has closed
@@ -318,12 +305,7 @@ class Worker:
                 )
             at_once = PUSH_BATCHES_AT_ONCE if spec.push is not None else 1
             loop = BatchLoop(
-                runner,
-                ws.max_batch,
-                self.metrics.consumer(spec.queue),
-                at_once=at_once,
-                acks=acks,
-                max_batch_bytes=PUSH_BATCH_BYTES if spec.push is not None else None,
+                runner, ws.max_batch, self.metrics.consumer(spec.queue), at_once=at_once, acks=acks
             )
             loop.queue = queue
             self._tasks.append(asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}"))
