@@ -353,7 +353,8 @@ async def run_demo(
         f"duplicates_ignored={duplicates_ignored} reused={len(reused_ids)} "
         f"dead_lettered={len(dead_ids)} lost={lost} doubled={doubled} "
         f"pushes={report.sent} provider_ids_recorded={report.provider_ids_recorded} "
-        f"extra_pushes={report.extra_pushes}"
+        f"extra_pushes={report.extra_pushes} "
+        f"extra_with_other_collapse_id={report.extra_with_other_collapse_id}"
     )
     print(
         f"outbox: enqueued={outbox.enqueued} published={outbox.published} "
