@@ -227,3 +227,24 @@ async def drain_dead_letters(
     while (message := await dlq.get(no_ack=True, fail=False)) is not None:
         taken.append(message)
     return taken
+
+
+def close_broker_connections(name: str) -> int:
+    """Close the broker connections whose client-given name is `name`; return how many."""
+    listed = subprocess.run(
+        ["rabbitmqctl", "list_connections", "pid", "client_properties", "-q", "--no-table-headers"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    closed = 0
+    for line in listed.stdout.splitlines():
+        pid, _, properties = line.partition("\t")
+        if f'{{"connection_name","{name}"}}' in properties:
+            subprocess.run(
+                ["rabbitmqctl", "close_connection", pid, "test: drop the worker"],
+                check=True,
+                capture_output=True,
+            )
+            closed += 1
+    return closed

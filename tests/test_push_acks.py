@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from providers import ApnsProvider, Platform, Provider, Target
 from providers.fakes.apns import FakeApns
 from tests.apps.push_app import FAST_RETRY
 from tests.conftest import AMQP_URL
-from tests.support import wait_for
+from tests.support import close_broker_connections, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -208,7 +207,7 @@ async def test_push_acks_after_a_reconnect_leave_nothing_unacked_and_send_once(
             await publisher.publish(queue_name, body, message_id=f"before-{n}")
         await wait_for(lambda: _requested(fake_apns, 11))
         closed = await asyncio.to_thread(
-            _close_connection, f"idempotent-workers {worker.worker_id}"
+            close_broker_connections, f"idempotent-workers {worker.worker_id}"
         )
         assert closed == 1
         for n, token in enumerate(tokens[11:]):
@@ -225,26 +224,6 @@ async def test_push_acks_after_a_reconnect_leave_nothing_unacked_and_send_once(
         await wait_for(all_acked, timeout=30)
     assert await _nothing_ready(queue_name)  # after stop: nothing came back unacked
     assert all(len(fake_apns.requests_for(t)) == 1 for t in tokens)
-
-
-def _close_connection(name: str) -> int:
-    listed = subprocess.run(
-        ["rabbitmqctl", "list_connections", "pid", "client_properties", "-q", "--no-table-headers"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    closed = 0
-    for line in listed.stdout.splitlines():
-        pid, _, properties = line.partition("\t")
-        if f'{{"connection_name","{name}"}}' in properties:
-            subprocess.run(
-                ["rabbitmqctl", "close_connection", pid, "test: drop the worker"],
-                check=True,
-                capture_output=True,
-            )
-            closed += 1
-    return closed
 
 
 async def _requested(fake: FakeApns, n: int) -> bool:

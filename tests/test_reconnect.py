@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
@@ -16,32 +15,11 @@ from consumers import App, Context, Publisher, Settings, Worker
 from consumers.retry import RetryPolicy
 from dedupe import DbConnection
 from tests.conftest import AMQP_URL
-from tests.support import settle, wait_for
+from tests.support import close_broker_connections, settle, wait_for
 
 pytestmark = pytest.mark.skipif(
     shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl to close a connection"
 )
-
-
-def _close_connection(name: str) -> int:
-    """Close the broker connections whose client-given name is `name`; return how many."""
-    listed = subprocess.run(
-        ["rabbitmqctl", "list_connections", "pid", "client_properties", "-q", "--no-table-headers"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    closed = 0
-    for line in listed.stdout.splitlines():
-        pid, _, properties = line.partition("\t")
-        if f'{{"connection_name","{name}"}}' in properties:
-            subprocess.run(
-                ["rabbitmqctl", "close_connection", pid, "test: drop the worker"],
-                check=True,
-                capture_output=True,
-            )
-            closed += 1
-    return closed
 
 
 async def test_ack_on_a_channel_lost_after_commit_is_left_to_redelivery(
@@ -93,7 +71,7 @@ async def _drop_connection_mid_batch(
         await publisher.publish(queue_name, {"n": 1}, message_id="survives-a-reconnect")
         await wait_for(lambda: _ran(runs))
         name = f"idempotent-workers {worker.worker_id}"
-        closed = await asyncio.to_thread(_close_connection, name)
+        closed = await asyncio.to_thread(close_broker_connections, name)
         assert closed == 1
         release.set()  # commit now; its ack goes to a dead channel
 
@@ -153,7 +131,7 @@ async def test_deliveries_of_a_channel_closed_since_are_not_run(
                 await publisher.publish(queue_name, {"n": n}, message_id=f"behind-{n}")
             await wait_for(lambda: _all_delivered(queue_name))
             closed = await asyncio.to_thread(
-                _close_connection, f"idempotent-workers {worker.worker_id}"
+                close_broker_connections, f"idempotent-workers {worker.worker_id}"
             )
             assert closed == 1
             release.set()
