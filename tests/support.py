@@ -248,3 +248,13 @@ def close_broker_connections(name: str) -> int:
             )
             closed += 1
     return closed
+
+
+async def no_message_ready(url: str, queue: str) -> bool:
+    """Whether `queue` has no message waiting: each is acked or in a consumer's hands."""
+    connection = await aio_pika.connect(url)
+    try:
+        declared = await (await connection.channel()).declare_queue(queue, passive=True)
+        return declared.declaration_result.message_count == 0
+    finally:
+        await connection.close()

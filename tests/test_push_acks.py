@@ -24,7 +24,7 @@ from providers import ApnsProvider, Platform, Provider, Target
 from providers.fakes.apns import FakeApns
 from tests.apps.push_app import FAST_RETRY
 from tests.conftest import AMQP_URL
-from tests.support import close_broker_connections, wait_for
+from tests.support import close_broker_connections, no_message_ready, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -214,7 +214,7 @@ async def test_push_acks_after_a_reconnect_leave_nothing_unacked_and_send_once(
             body = push_job_body(targets=[Target(platform=Platform.IOS, token=token)], body="x")
             await publisher.publish(queue_name, body, message_id=f"after-{n}")
         await wait_for(lambda: _sent(db, len(tokens)), timeout=60)
-        await wait_for(lambda: _nothing_ready(queue_name), timeout=30)
+        await wait_for(lambda: no_message_ready(AMQP_URL, queue_name), timeout=30)
         loops = worker._loops
         assert all(loop.queue is not None and not loop.queue.channel.is_closed for loop in loops)
 
@@ -222,7 +222,7 @@ async def test_push_acks_after_a_reconnect_leave_nothing_unacked_and_send_once(
             return all(loop.acks is None or loop.acks.unsettled() == 0 for loop in loops)
 
         await wait_for(all_acked, timeout=30)
-    assert await _nothing_ready(queue_name)  # after stop: nothing came back unacked
+    assert await no_message_ready(AMQP_URL, queue_name)  # after stop: nothing came back unacked
     assert all(len(fake_apns.requests_for(t)) == 1 for t in tokens)
 
 
@@ -233,12 +233,3 @@ async def _requested(fake: FakeApns, n: int) -> bool:
 async def _sent(db: DbConnection, n: int) -> bool:
     sent = await db.fetchval("SELECT count(*) FROM outbound_sends WHERE status = 'sent'")
     return bool(sent >= n)
-
-
-async def _nothing_ready(queue_name: str) -> bool:
-    connection = await aio_pika.connect(AMQP_URL)
-    try:
-        queue = await (await connection.channel()).declare_queue(queue_name, passive=True)
-        return queue.declaration_result.message_count == 0
-    finally:
-        await connection.close()

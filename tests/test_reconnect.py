@@ -7,7 +7,6 @@ import shutil
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
-import aio_pika
 import pytest
 import structlog
 
@@ -15,7 +14,7 @@ from consumers import App, Context, Publisher, Settings, Worker
 from consumers.retry import RetryPolicy
 from dedupe import DbConnection
 from tests.conftest import AMQP_URL
-from tests.support import close_broker_connections, settle, wait_for
+from tests.support import close_broker_connections, no_message_ready, settle, wait_for
 
 pytestmark = pytest.mark.skipif(
     shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl to close a connection"
@@ -129,7 +128,7 @@ async def test_deliveries_of_a_channel_closed_since_are_not_run(
             await wait_for(lambda: _ran(runs))
             for n in range(20):
                 await publisher.publish(queue_name, {"n": n}, message_id=f"behind-{n}")
-            await wait_for(lambda: _all_delivered(queue_name))
+            await wait_for(lambda: no_message_ready(AMQP_URL, queue_name))
             closed = await asyncio.to_thread(
                 close_broker_connections, f"idempotent-workers {worker.worker_id}"
             )
@@ -145,16 +144,6 @@ async def test_deliveries_of_a_channel_closed_since_are_not_run(
     assert sorted(runs) == sorted(["blocker", *(f"behind-{n}" for n in range(20))])
     assert events.count("ack_failed") == 1  # the blocker's, in flight when the channel went
     assert events.count("stale_deliveries_dropped") >= 1
-
-
-async def _all_delivered(queue_name: str) -> bool:
-    """No message of the queue is waiting: all are in the worker's hands."""
-    connection = await aio_pika.connect(AMQP_URL)
-    try:
-        queue = await (await connection.channel()).declare_queue(queue_name, passive=True)
-        return queue.declaration_result.message_count == 0
-    finally:
-        await connection.close()
 
 
 async def _effects_of(db: DbConnection) -> int:
