@@ -14,6 +14,11 @@ the wire, because aioapns' own send path can send one push twice or hang:
     drains, then closes; a request still in flight ends as `UnknownOutcomeError`.
 (e) two sends with one apns-id on one connection: answers are matched by stream
     id, never by apns-id.
+(f) a burst on a new connection: aioapns hands a connection out as soon as TLS is
+    up, before the server's SETTINGS say how many streams it takes (APNs sends its
+    limit there, and lowers it to 1 after a failed push); streams past the limit
+    end the connection, and every request on it becomes unknown. Here a
+    connection takes no request before the server's first SETTINGS frame.
 
 One `send` is one attempt: exactly one request reaches APNs, or none
 (`TransientProviderError`), or the outcome is unknown (`UnknownOutcomeError`).
@@ -91,6 +96,7 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
         self.abandoned = False
         self.closed = self.loop.create_future()
         self.window_opened = asyncio.Event()
+        self.peer_settings = asyncio.Event()  # the server's first SETTINGS: its stream limit
         self._flush_scheduled = False
         self.conn = ApnsH2Connection()  # aioapns' own has h2's defaults: see providers.apns_h2
 
@@ -98,6 +104,11 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
     def is_busy(self) -> bool:
         limit = min(self.conn.remote_settings.max_concurrent_streams, MAX_STREAMS_PER_CONNECTION)
         return self.abandoned or self.closed.done() or len(self.streams) >= limit
+
+    @property
+    def ready(self) -> bool:
+        """Takes a new stream now: the server's limit is known and not reached."""
+        return self.peer_settings.is_set() and not self.is_busy
 
     def can_write(self, size: int) -> bool:
         window = min(
@@ -108,7 +119,7 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
 
     def start(self, headers: list[tuple[str, str]], body: bytes) -> asyncio.Future[Outcome]:
         """Write one request now, with no await in between: nothing can cancel it half-way."""
-        if self.is_busy or self.transport is None or self.transport.is_closing():
+        if not self.ready or self.transport is None or self.transport.is_closing():
             raise NotSentError("ConnectionUnavailable")
         try:
             stream_id = self.conn.get_next_available_stream_id()
@@ -168,6 +179,8 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
                 self._terminated(event.last_stream_id or 0)
             elif isinstance(event, WindowUpdated | RemoteSettingsChanged):
                 self.window_opened.set()
+                if isinstance(event, RemoteSettingsChanged):
+                    self.peer_settings.set()
         self.flush()
 
     def flush(self) -> None:
@@ -192,6 +205,7 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
         for stream_id in list(self.streams):
             self._finish(stream_id, Lost(reason="ConnectionLost"))
         self.window_opened.set()
+        self.peer_settings.set()  # wakes its waiters, who then find it closed
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -322,7 +336,7 @@ class ApnsProvider:
         for connection in self._pool.connections:
             if (
                 isinstance(connection, _ExactlyOnceProtocol)
-                and not connection.is_busy
+                and connection.ready
                 and connection.can_write(size)
             ):
                 return connection
@@ -340,6 +354,9 @@ class ApnsProvider:
             if self._closing:
                 connection.close()
                 continue
+            if not connection.peer_settings.is_set():
+                await connection.peer_settings.wait()
+                continue  # its limit known now: it may be full already
             if connection.can_write(size):
                 return connection
             connection.window_opened.clear()

@@ -100,10 +100,17 @@ class FakeApns:
         *,
         topic: str = "com.example.app",
         max_concurrent_streams: int = 1000,
+        settings_delay: float = 0.0,
         unscripted: ApnsReply | None = None,
     ):
         self.topic = topic
+        # Advertised in the first SETTINGS frame and enforced from the first byte read:
+        # a stream opened beyond it is a connection error (h2's PROTOCOL_ERROR, GOAWAY).
         self.max_concurrent_streams = max_concurrent_streams
+        # Seconds between accepting a connection and sending SETTINGS (and reading any
+        # request): a server one round trip away, whose limit a client learns late.
+        self.settings_delay = settings_delay
+        self.protocol_errors: list[str] = []  # why a connection was closed on an H2Error
         self.unscripted = unscripted or ApnsReply()  # the answer to a token with no script
         self.requests: list[ApnsRequest] = []
         self.connections_opened = 0
@@ -233,7 +240,7 @@ class _ServerH2Connection(H2Connection):
     re-checking the answers it builds (a bench's fake CPU is noise, not its subject).
     Requests are still validated: the fake is the check on the client's headers."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_streams: int) -> None:
         super().__init__(
             H2Configuration(
                 client_side=False,
@@ -242,6 +249,9 @@ class _ServerH2Connection(H2Connection):
                 normalize_outbound_headers=False,
             )
         )
+        # The limit in the preface, not h2's 100 until our SETTINGS are acknowledged.
+        self.local_settings[SettingCodes.MAX_CONCURRENT_STREAMS] = max_streams
+        self.local_settings.acknowledge()
 
     @property
     def open_inbound_streams(self) -> int:
@@ -256,7 +266,7 @@ class _ServerConnection(asyncio.Protocol):
     def __init__(self, fake: FakeApns, connection_id: int) -> None:
         self.fake = fake
         self.connection_id = connection_id
-        self.h2 = _ServerH2Connection()
+        self.h2 = _ServerH2Connection(fake.max_concurrent_streams)
         self.transport: asyncio.Transport | None = None
         self.incoming: dict[int, _Incoming] = {}
         self.outgoing: dict[int, bytes] = {}
@@ -267,14 +277,26 @@ class _ServerConnection(asyncio.Protocol):
         self.h2.encoder.encode = encode  # type: ignore[method-assign]  # h2 has no huffman option
         self.flush_scheduled = False
         self.going_away = False
+        self.held: bytearray | None = None  # read before our SETTINGS went out
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        if self.fake.settings_delay > 0:
+            self.held = bytearray()
+            self.loop.call_later(self.fake.settings_delay, self.send_preface)
+        else:
+            self.send_preface()
+
+    def send_preface(self) -> None:
+        """SETTINGS, with the stream limit; then whatever the client sent meanwhile."""
+        if self.transport is None or self.transport.is_closing():
+            return
         self.h2.initiate_connection()
-        max_streams = self.fake.max_concurrent_streams
-        self.h2.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: max_streams})
         self.flush()
+        held, self.held = self.held, None
+        if held:
+            self.data_received(bytes(held))
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in self.timers.values():
@@ -292,10 +314,17 @@ class _ServerConnection(asyncio.Protocol):
             self.transport.write(self.h2.data_to_send())
 
     def data_received(self, data: bytes) -> None:
+        if self.held is not None:
+            self.held.extend(data)
+            return
         try:
             events = self.h2.receive_data(data)
-        except H2Error:
-            self.drop()
+        except H2Error as exc:
+            # h2 has queued a GOAWAY with the error and the last stream it took: send it.
+            self.fake.protocol_errors.append(f"{type(exc).__name__}: {exc}")
+            self.flush()
+            if self.transport is not None:
+                self.transport.close()
             return
         for event in events:
             if isinstance(event, RequestReceived) and event.stream_id is not None:

@@ -179,3 +179,19 @@ async def test_e_two_concurrent_sends_with_one_apns_id_each_get_their_own_answer
 
 async def _received(fake: FakeApns, n: int) -> bool:
     return len(fake.requests) >= n
+
+
+async def test_f_no_stream_opens_before_the_servers_settings_give_its_limit() -> None:
+    # A server one round trip away: its SETTINGS (limit 50) arrive 0.2 s after TLS is up.
+    # A stream past the limit is a connection error there, so a burst sent before the
+    # SETTINGS would end the connection and leave every request on it unknown.
+    async with FakeApns(max_concurrent_streams=50, settings_delay=0.2) as fake:
+        provider = ApnsProvider(fake.settings())
+        tokens = [f"burst-{i}" for i in range(300)]
+        try:
+            results = await asyncio.gather(*(send_or_error(provider, push_to(t)) for t in tokens))
+        finally:
+            await provider.aclose()
+        assert fake.protocol_errors == []
+        assert [r for r in results if not isinstance(r, ProviderReceipt)] == []
+        assert Counter(r.token for r in fake.requests) == dict.fromkeys(tokens, 1)
