@@ -197,14 +197,24 @@ class SendLedger:
         if not results:
             return []
         ordered = sorted(results, key=lambda r: r.target)
+        # The lease is checked, and the row locked, by one primary-key probe per
+        # answer (LATERAL ... LIMIT 1): a filter on status and lease_owner in the
+        # join itself let a planner with stale statistics (a fan-out burst leases
+        # thousands of rows between two autovacuum runs) expect one such row and
+        # rescan the whole table for every answer. Locked, a row keeps its lease
+        # until the UPDATE, which then needs no second check.
         rows = await tx.fetch(
-            f"UPDATE {self._table} o SET status = x.s, provider_message_id = x.pid,"
-            " failure_reason = x.why, lease_owner = NULL, lease_expires_at = NULL,"
-            " updated_at = now()"
+            "WITH mine AS MATERIALIZED (SELECT x.*"
             " FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[],"
             "  $6::text[], $7::text[]) AS x(c, t, m, i, s, pid, why)"
+            f" CROSS JOIN LATERAL (SELECT FROM {self._table} r"
+            "  WHERE (r.consumer, r.tenant, r.message_id, r.target_index) = (x.c, x.t, x.m, x.i)"
+            "  AND r.status = 'sending' AND r.lease_owner = $8 LIMIT 1 FOR UPDATE) AS r)"
+            f" UPDATE {self._table} o SET status = x.s, provider_message_id = x.pid,"
+            " failure_reason = x.why, lease_owner = NULL, lease_expires_at = NULL,"
+            " updated_at = now()"
+            " FROM mine AS x"
             " WHERE (o.consumer, o.tenant, o.message_id, o.target_index) = (x.c, x.t, x.m, x.i)"
-            " AND o.status = 'sending' AND o.lease_owner = $8"
             " RETURNING o.consumer, o.tenant, o.message_id, o.target_index",
             [r.target.key.consumer for r in ordered],
             [r.target.key.tenant for r in ordered],
