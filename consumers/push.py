@@ -248,9 +248,10 @@ class PushRunner:
                 busy[row.target.key] = max(busy.get(row.target.key, 0.0), row.lease_seconds_left)
         for key, item in seen_before.items():
             if key in busy:  # another worker is sending right now: the queue's 409
-                verdicts[item] = retry(
-                    "send_in_progress", delay=busy[key] + 0.5, spend_attempt=False
-                )
+                # Back by the lease's end (a tier above it could hold the job
+                # minutes longer); back too early, it waits again, spending no attempt.
+                delay = self.spec.retry.tier_within(busy[key] + 0.5)
+                verdicts[item] = retry("send_in_progress", delay=delay, spend_attempt=False)
         lease = self.push.lease_seconds
         return _Claimed(
             sends=sends, verdicts=verdicts, deadline=started + lease * (1 - LEASE_MARGIN)

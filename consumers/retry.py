@@ -44,6 +44,15 @@ class RetryPolicy:
                 return tier
         return self.tiers_seconds[-1]
 
+    def tier_within(self, delay: float) -> float:
+        """The largest tier at or below `delay` (the smallest tier if none is).
+
+        For a wait whose end is known (another worker's lease): back by then,
+        never a whole tier later; coming back early only means waiting again.
+        """
+        within = [tier for tier in self.tiers_seconds if tier <= delay]
+        return within[-1] if within else self.tiers_seconds[0]
+
     def exhausted(self, attempt: int) -> bool:
         """True when `attempt` was the last one allowed."""
         return attempt >= self.max_attempts

@@ -18,12 +18,24 @@ from dataclasses import replace
 
 import pytest
 
-from consumers import App, Publisher, Settings, Worker, push_job_body
+from consumers import App, Publisher, RetryPolicy, Settings, Worker, push_job_body
 from dedupe import DbConnection
-from providers import ApnsProvider, FcmProvider, Platform, PlatformRouter, Provider, Target
+from providers import (
+    ApnsProvider,
+    FcmProvider,
+    Platform,
+    PlatformRouter,
+    Provider,
+    ProviderReceipt,
+    Push,
+    RecordingProvider,
+    SendIds,
+    Target,
+)
 from providers.fakes.apns import ApnsReply, FakeApns
 from providers.fakes.fcm import FakeFcm, FcmReply
 from tests.apps.push_app import FAST_RETRY
+from tests.harness import Harness
 from tests.support import settle, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -95,3 +107,44 @@ async def _count(requests: Sequence[object]) -> int:
 async def _all_sent(db: DbConnection, n: int) -> bool:
     sent = await db.fetchval("SELECT count(*) FROM outbound_sends WHERE status = 'sent'")
     return bool(sent >= n)
+
+
+class _SlowProvider(RecordingProvider):
+    async def send(
+        self, push: Push, ids: SendIds, *, deadline: float | None = None
+    ) -> ProviderReceipt:
+        await asyncio.sleep(SLOW_SEND)
+        return await super().send(push, ids, deadline=deadline)
+
+
+SLOW_SEND = 1.0
+FAR_TIER = 30.0
+
+
+@pytest.fixture
+def retry_policy() -> RetryPolicy:
+    """A short tier, and one far above the lease (the queue_name fixture deletes both)."""
+    return RetryPolicy(max_attempts=5, base_seconds=0.5, tiers_seconds=(0.5, FAR_TIER))
+
+
+async def test_a_duplicate_meeting_a_live_lease_comes_back_near_its_end_not_a_tier_later(
+    harness: Harness, retry_policy: RetryPolicy
+) -> None:
+    # The job's copy meets the first one's live lease (LEASE s): it waits in a delay
+    # tier. Rounded up to the next tier, a 30 s tier held it 30 s after a 1 s send:
+    # after a SIGKILL mid-send, pushes of the demo waited 120 s for a 30 s lease.
+    provider = _SlowProvider()
+    app = App(retry=retry_policy)
+
+    async def make() -> Provider:
+        return provider
+
+    app.push_handler(harness.queue, provider=make, lease_seconds=LEASE)
+    body = push_job_body(targets=[Target(platform=Platform.IOS, token="ios-lease-xxxx")], body="x")
+    async with harness.run(app):
+        await harness.publish(body, message_id="order-7-shipped")
+        await harness.publish(body, message_id="order-7-shipped")  # arrives during the send
+        await harness.wait_outcome("duplicate_ignored", timeout=FAR_TIER / 3)
+    waited = [e for e in harness.logs if e["event"] == "retry_scheduled"]
+    assert [e["reason"] for e in waited] == ["send_in_progress"] * len(waited) and waited
+    assert len(provider.sends) == 1
