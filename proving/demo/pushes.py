@@ -94,14 +94,21 @@ class PushReport:
     sent: int
     failed: int
     provider_ids_recorded: int
-    extra_pushes: int
+    extra_pushes: int  # requests beyond one per device, at the fakes
+    # Requests for a device beyond the leases its ledger row was given (`sends`):
+    # a provider client resending on its own, or two workers sending under one lease.
+    extra_beyond_leases: int
     extra_with_other_collapse_id: int
     pruned: int
     not_settled: int
 
     @property
     def ok(self) -> bool:
-        return self.not_settled == 0 and self.extra_with_other_collapse_id == 0
+        return (
+            self.not_settled == 0
+            and self.extra_with_other_collapse_id == 0
+            and self.extra_beyond_leases == 0
+        )
 
 
 async def settled_targets(db: DbConnection) -> int:
@@ -112,8 +119,11 @@ async def settled_targets(db: DbConnection) -> int:
 
 
 async def push_report(db: DbConnection, fakes: DemoFakes, plan: PushPlan) -> PushReport:
-    rows = await db.fetch("SELECT status, provider_message_id, token FROM outbound_sends")
+    rows = await db.fetch("SELECT status, provider_message_id, token, sends FROM outbound_sends")
     by_status = Counter(r["status"] for r in rows)
+    leases = Counter[str]()
+    for r in rows:
+        leases[r["token"]] += r["sends"]
     requests = fakes.requests()
     per_token = Counter(token for token, _ in requests)
     collapse_ids: dict[str, set[str]] = {}
@@ -125,6 +135,7 @@ async def push_report(db: DbConnection, fakes: DemoFakes, plan: PushPlan) -> Pus
         failed=by_status["failed"],
         provider_ids_recorded=sum(1 for r in rows if r["provider_message_id"]),
         extra_pushes=sum(n - 1 for n in per_token.values() if n > 1),
+        extra_beyond_leases=sum(max(0, n - leases[token]) for token, n in per_token.items()),
         extra_with_other_collapse_id=sum(1 for ids in collapse_ids.values() if len(ids) > 1),
         pruned=await db.fetchval("SELECT count(*) FROM demo_pruned"),
         not_settled=plan.targets - by_status["sent"] - by_status["failed"],

@@ -7,6 +7,7 @@ and RabbitMQ (the dead-letter queue), never from the workers' own counters.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -28,7 +29,7 @@ from consumers.publisher import Publisher
 from consumers.retry import dead_letter_queue
 from consumers.settings import Settings
 from consumers.topology import declare, delete
-from dedupe import migrate
+from dedupe import LEASE_EXPIRED, migrate
 from proving.demo.app import PUSH_QUEUE, QUEUE, app, follows_up
 from proving.demo.ingress import (
     IngressTally,
@@ -338,8 +339,11 @@ async def run_demo(
     print(f"{'pushes failed: dead token':<36}{report.failed:>10}")
     print(f"{'devices pruned by the hook':<36}{report.pruned:>10}")
     print(f"{'provider ids recorded':<36}{report.provider_ids_recorded:>10}")
+    unknown = _unknown_outcomes(log_dir)
     print(f"{'extra pushes at the fakes':<36}{report.extra_pushes:>10}")
+    print(f"{'  beyond their rows leases':<36}{report.extra_beyond_leases:>10}")
     print(f"{'  of them with another collapse id':<36}{report.extra_with_other_collapse_id:>10}")
+    print(f"{'sends with an unknown outcome':<36}{unknown:>10}")
     print(f"{'follow-ups emitted to the outbox':<36}{outbox.enqueued:>10}")
     print(f"{'  published by the relays':<36}{outbox.published:>10}")
     print(f"{'  pushed (ledger settled)':<36}{outbox.emitted:>10}")
@@ -353,7 +357,8 @@ async def run_demo(
         f"duplicates_ignored={duplicates_ignored} reused={len(reused_ids)} "
         f"dead_lettered={len(dead_ids)} lost={lost} doubled={doubled} "
         f"pushes={report.sent} provider_ids_recorded={report.provider_ids_recorded} "
-        f"extra_pushes={report.extra_pushes} "
+        f"extra_pushes={report.extra_pushes} extra_beyond_leases={report.extra_beyond_leases} "
+        f"unknown_outcomes={unknown} "
         f"extra_with_other_collapse_id={report.extra_with_other_collapse_id}"
     )
     print(
@@ -362,8 +367,28 @@ async def run_demo(
     )
     print(http_report.line())
     ok = lost == 0 and doubled == 0 and effects == len(unique) and report.ok and outbox.ok
+    ok = ok and unknown == 0  # nothing but the SIGKILL is a fault here
     ok = ok and http_report.ok
     return 0 if ok else 1
+
+
+def _unknown_outcomes(log_dir: Path) -> int:
+    """Sends the workers logged with an unknown outcome: a timeout or a lost connection.
+
+    The demo injects no such fault, so each one is a defect: it is what made
+    extra pushes without a crash (a burst that broke the fake's stream limit).
+    A send re-leased after the SIGKILLed worker's lease expired is not one.
+    """
+    unknown = 0
+    for path in sorted(log_dir.glob("worker-*.log")):
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                if '"push_deferred"' not in line:
+                    continue
+                with contextlib.suppress(ValueError):
+                    reason = str(json.loads(line).get("reason", ""))
+                    unknown += reason != LEASE_EXPIRED and reason.startswith("unknown_outcome")
+    return unknown
 
 
 def _message(job: Job) -> aio_pika.Message:
