@@ -16,6 +16,7 @@ PROMETHEUS_MULTIPROC_DIR (see consumers.supervisor).
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 
 import aio_pika
@@ -84,6 +85,11 @@ async def run_process(target: str, settings: Settings) -> int:
                 log.error("start_failed", error=describe(error), exc_info=error)
                 return EXIT_START_FAILED
             starting.result()  # any other failed start raises here
+            # What exists now (modules, the app, pools, connections) lives as
+            # long as the process: frozen out of the collector's sight, as
+            # `serve` does. A full collection walked all of it nine times in
+            # 10,000 push jobs of the push bench: 0.4 s of the worker's 4.6 s.
+            gc.freeze()
             await waiting  # consume until SIGTERM or SIGINT
         elif not (starting.done() and starting.exception() is None):
             log.info("start_abandoned", reason="stop requested while starting")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
 import random
 import signal
@@ -163,6 +164,7 @@ async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int)
             cpu = time.process_time()
             worker = Worker(push_app(queue, fake.settings), settings)
             await worker.start()
+            gc.freeze()  # as `idempotent-workers run` does once its worker started
             try:
                 await asyncio.wait_for(clock.done.wait(), RUN_TIMEOUT)
                 cpu = time.process_time() - cpu
