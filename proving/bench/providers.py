@@ -85,6 +85,12 @@ class FakeServer:
         counts: tuple[int, int] = self._pipe.recv()
         return counts
 
+    def protocol_errors(self) -> list[str]:
+        """Why the fake APNs closed a connection on an HTTP/2 error, since the last `forget()`."""
+        self._pipe.send("errors")
+        errors: list[str] = self._pipe.recv()
+        return errors
+
     def forget(self) -> None:
         self._pipe.send("forget")
         self._pipe.recv()
@@ -118,8 +124,12 @@ async def _serve_until_told(service: Service, latency: float, pipe: Connection) 
             if command == "count":
                 ids = {r.apns_id for r in fake.requests} if isinstance(fake, FakeApns) else ()
                 pipe.send((len(fake.requests), len(ids) or len(fake.requests)))
+            elif command == "errors":
+                pipe.send(list(fake.protocol_errors) if isinstance(fake, FakeApns) else [])
             elif command == "forget":
                 fake.requests.clear()
+                if isinstance(fake, FakeApns):
+                    fake.protocol_errors.clear()
                 pipe.send(None)
 
 

@@ -176,15 +176,18 @@ async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int)
         )
         assert row is not None
         requests, distinct_ids = fake.requests()
+        errors = fake.protocol_errors()
         # `sends` counts leases taken: a send that could not start before its
-        # lease's deadline (NotStartedInTime) is leased again, but made once.
-        if (row[0], row[1], requests) != (sends, sends, sends) or row[2] < sends:
+        # lease's deadline (NotStartedInTime), or whose answer was lost with its
+        # connection, is leased again; only the first kind is made once.
+        if (row[0], row[1], requests) != (sends, sends, sends) or row[2] < sends or errors:
             raise SystemExit(
                 f"push_bench: wrong outcome: {row[0]} of {row[1]} rows sent, {row[2]} leases"
-                f" taken, {requests} requests at the fake, {sends} sends"
+                f" taken, {requests} requests at the fake, {sends} sends;"
+                f" the fake's HTTP/2 errors: {errors or 'none'}"
             )
         if row[2] > sends:
-            say(f"{row[2] - sends} sends not started before their lease's deadline: leased again")
+            say(f"{row[2] - sends} sends leased again (not started before their lease's deadline)")
         timing = clock.timing()
         return Timing(
             sends_per_s=sends / timing.seconds if timing.seconds > 0 else 0.0,
