@@ -89,6 +89,7 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
     """One connection: streams keyed by id, data acknowledged, nothing ever resent."""
 
     _last_write = 0.0  # set by aioapns' __init__ already, through refresh_inactivity_timer
+    SETTINGS_TIMEOUT = 10.0  # seconds for the server's first SETTINGS (the provider's timeout)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -104,6 +105,16 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
     def is_busy(self) -> bool:
         limit = min(self.conn.remote_settings.max_concurrent_streams, MAX_STREAMS_PER_CONNECTION)
         return self.abandoned or self.closed.done() or len(self.streams) >= limit
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.loop.call_later(self.SETTINGS_TIMEOUT, self._settings_overdue)
+
+    def _settings_overdue(self) -> None:
+        """No SETTINGS yet: the sends waiting on it have timed out; let the pool open another."""
+        if not self.peer_settings.is_set():
+            log.warning("apns_settings_overdue", seconds=self.SETTINGS_TIMEOUT)
+            self.close()
 
     @property
     def ready(self) -> bool:
@@ -400,7 +411,11 @@ class ApnsProvider:
         pool.protocol_class = type(
             "ApnsConnection",
             (_ExactlyOnceProtocol,),
-            {"APNS_SERVER": self._host(), "APNS_PORT": s.port},
+            {
+                "APNS_SERVER": self._host(),
+                "APNS_PORT": s.port,
+                "SETTINGS_TIMEOUT": s.timeout_seconds,
+            },
         )
         self._pool = pool
         return pool

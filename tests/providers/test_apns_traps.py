@@ -16,6 +16,7 @@ from providers import (
     InvalidDeviceToken,
     ProviderError,
     ProviderReceipt,
+    TransientProviderError,
     UnknownOutcomeError,
 )
 from providers.fakes.apns import FakeApns
@@ -195,3 +196,23 @@ async def test_f_no_stream_opens_before_the_servers_settings_give_its_limit() ->
         assert fake.protocol_errors == []
         assert [r for r in results if not isinstance(r, ProviderReceipt)] == []
         assert Counter(r.token for r in fake.requests) == dict.fromkeys(tokens, 1)
+
+
+async def test_f_a_connection_whose_settings_never_come_is_closed_and_replaced() -> None:
+    # SETTINGS 1.5 s late against a 0.5 s timeout: the first send waits its timeout
+    # and fails unsent; the connection is closed by then, so the next send gets a
+    # new one instead of waiting on the same silent connection forever.
+    async with FakeApns(settings_delay=1.5) as fake:
+        provider = ApnsProvider(fake.settings(timeout_seconds=0.5, max_connections=1))
+        try:
+            first = await send_or_error(provider, push_to("late-settings-1"))
+            fake.settings_delay = 0.0
+            second = await send_or_error(provider, push_to("late-settings-2"))
+        finally:
+            await provider.aclose()
+        assert isinstance(first, TransientProviderError), first
+        assert second == ProviderReceipt(
+            provider="apns", provider_message_id=ids_for("late-settings-2").apns_id
+        )
+        assert [r.token for r in fake.requests] == ["late-settings-2"]
+        assert fake.connections_opened == 2
