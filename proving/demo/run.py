@@ -375,9 +375,10 @@ async def run_demo(
 def _unknown_outcomes(log_dir: Path) -> int:
     """Sends the workers logged with an unknown outcome: a timeout or a lost connection.
 
-    The demo injects no such fault, so each one is a defect: it is what made
-    extra pushes without a crash (a burst that broke the fake's stream limit).
-    A send re-leased after the SIGKILLed worker's lease expired is not one.
+    The demo injects no such fault, so each one is a defect, like the burst
+    that broke the fake APNs' stream limit in the push bench (every request on
+    the connection unknown, then sent again). A send re-leased after the
+    SIGKILLed worker's lease expired is not one.
     """
     unknown = 0
     for path in sorted(log_dir.glob("worker-*.log")):
