@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 
 import aio_pika
@@ -187,8 +186,19 @@ class AckWindow:
 
 async def _ack(item: Item, *, multiple: bool) -> bool:
     """Ack `item` (and, `multiple`, every unacked delivery below it); False if it could not."""
-    with contextlib.suppress(Exception):
-        await item.delivery.ack(multiple=multiple)
-        return True
-    log.warning("ack_failed", message_id=item.delivery.message_id, outcome="left_to_redelivery")
-    return False
+    return await quietly(item.delivery.ack(multiple=multiple), item)
+
+
+async def quietly(action: Awaitable[object], item: Item) -> bool:
+    """Await an ack or nack of `item`; False (and a log line) if it could not go out."""
+    try:
+        await action
+    except Exception as exc:  # a channel closed since delivery: the broker redelivers
+        log.warning(
+            "ack_failed",
+            message_id=item.delivery.message_id,
+            error=repr(exc),
+            outcome="left_to_redelivery",
+        )
+        return False
+    return True

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import aio_pika
 import structlog
 
+from consumers.acks import AckWindow, quietly
 from consumers.envelope import ATTEMPT_HEADER, NO_MESSAGE_ID_HEADER, REASON_HEADER, attempt_of
 from consumers.logs import OutcomeLines, outcome_lines
 from consumers.metrics import ConsumerMetrics, Metrics
@@ -30,7 +31,6 @@ from consumers.verdict import Outcome, Verdict
 from consumers.wire import republishable_headers, republished
 
 if TYPE_CHECKING:
-    from consumers.acks import AckWindow
     from consumers.items import Item
     from consumers.spec import HandlerSpec
 
@@ -220,23 +220,26 @@ async def _acknowledge(
 ) -> None:
     """Ack settled items (multiple=True per channel, or through `acks`); leave the rest to
     redelivery."""
+    settled = [item for item in items if item not in unsettled]
+    nacked = [item for item in items if item in unsettled]
+    for item in nacked:
+        # Could not be republished: give it back to the broker now rather
+        # than acking it past (a multiple ack would cover it otherwise).
+        await quietly(item.delivery.nack(requeue=True), item)
+    if acks is not None:
+        failed = await acks.settle(settled, nacked=nacked)
+    else:
+        failed = await _ack_per_channel(settled)
+    if failed:
+        metrics.acks_failed(failed)
+
+
+async def _ack_per_channel(items: Sequence[Item]) -> int:
+    """One multiple ack per channel, at its highest tag; returns the deliveries not acked."""
     highest: dict[object, Item] = {}  # by channel: one multiple ack each
     covered: dict[object, int] = {}  # deliveries each channel's one ack settles
     failed = 0
     for item in items:
-        if item in unsettled:
-            # Could not be republished: give it back to the broker now rather
-            # than acking it past (a multiple ack would cover it otherwise).
-            await _quietly(item.delivery.nack(requeue=True), item)
-    if acks is not None:
-        settled = [item for item in items if item not in unsettled]
-        failed = await acks.settle(settled, nacked=[i for i in items if i in unsettled])
-        if failed:
-            metrics.acks_failed(failed)
-        return
-    for item in items:
-        if item in unsettled:
-            continue
         try:
             channel = item.delivery.channel
         except aio_pika.exceptions.ChannelInvalidStateError as exc:
@@ -256,22 +259,6 @@ async def _acknowledge(
         if best is None or tag > (best.delivery.delivery_tag or 0):
             highest[channel] = item
     for on, item in highest.items():
-        if not await _quietly(item.delivery.ack(multiple=True), item):
+        if not await quietly(item.delivery.ack(multiple=True), item):
             failed += covered[on]
-    if failed:
-        metrics.acks_failed(failed)
-
-
-async def _quietly(action: Any, item: Item) -> bool:
-    """Await an ack or nack; False (and a log line) if it could not go out."""
-    try:
-        await action
-    except Exception as exc:  # a channel closed since delivery: the broker redelivers
-        log.warning(
-            "ack_failed",
-            message_id=item.delivery.message_id,
-            error=repr(exc),
-            outcome="left_to_redelivery",
-        )
-        return False
-    return True
+    return failed

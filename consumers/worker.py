@@ -60,19 +60,13 @@ class BatchLoop:
 
     Local-effect batches go one at a time (their acks are `multiple=True`). A push
     runner settles each job on its own as its answers are recorded, its acks
-    through `acks` (`consumers.acks`), so several of its batches may be in
-    flight: a job waiting on a slow device then holds back no batch behind it.
-    `acks` notes each delivery as it arrives, before any batch takes it.
+    through its `acks` window (`consumers.acks`), so several of its batches may
+    be in flight: a job waiting on a slow device then holds back no batch behind
+    it. The window notes each delivery as it arrives, before any batch takes it.
     """
 
     def __init__(
-        self,
-        runner: Runner,
-        max_batch: int,
-        metrics: ConsumerMetrics,
-        *,
-        at_once: int = 1,
-        acks: AckWindow | None = None,
+        self, runner: Runner, max_batch: int, metrics: ConsumerMetrics, *, at_once: int = 1
     ) -> None:
         self.runner = runner
         self.max_batch = max_batch
@@ -85,7 +79,7 @@ class BatchLoop:
         self.consumer_tag: str | None = None
         self._slots = asyncio.Semaphore(at_once)
         self._running: set[asyncio.Task[None]] = set()
-        self.acks = acks
+        self.acks = runner.acks
 
     async def on_message(self, message: Delivery) -> None:
         if self.acks is not None:
@@ -277,9 +271,7 @@ class Worker:
             # only queues the channel knows get their consumers back after a reconnect.
             queue = await channel.declare_queue(spec.queue, passive=True)
             runner: Runner
-            acks: AckWindow | None = None
             if spec.push is not None:
-                acks = AckWindow()
                 runner = PushRunner(
                     spec=spec,
                     pool=self.pool,
@@ -291,7 +283,7 @@ class Worker:
                     settings=ws,
                     faults=self.app.faults,
                     metrics=self.metrics.consumer(spec.queue),
-                    acks=acks,
+                    acks=AckWindow(),
                 )
             else:
                 runner = BatchRunner(
@@ -305,7 +297,7 @@ class Worker:
                 )
             at_once = PUSH_BATCHES_AT_ONCE if spec.push is not None else 1
             loop = BatchLoop(
-                runner, ws.max_batch, self.metrics.consumer(spec.queue), at_once=at_once, acks=acks
+                runner, ws.max_batch, self.metrics.consumer(spec.queue), at_once=at_once
             )
             loop.queue = queue
             self._tasks.append(asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}"))

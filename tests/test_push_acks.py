@@ -16,14 +16,14 @@ from dataclasses import dataclass
 import aio_pika
 import pytest
 
-from consumers import App, Publisher, Settings, Worker, push_job_body
+from consumers import Publisher, Settings, Worker, push_job_body
 from consumers.acks import AckWindow
 from consumers.items import Delivery, Item
 from dedupe import DbConnection
-from providers import ApnsProvider, Platform, Provider, Target
+from providers import Platform, Target
 from providers.fakes.apns import FakeApns
-from tests.apps.push_app import FAST_RETRY
 from tests.conftest import AMQP_URL
+from tests.providers.pushes import apns_push_app, requested, sent
 from tests.support import close_broker_connections, no_message_ready, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -194,18 +194,13 @@ async def test_push_acks_after_a_reconnect_leave_nothing_unacked_and_send_once(
 ) -> None:
     """Tags start again at 1 on the new channel: the old channel's window must not ack them."""
     fake_apns.script("slow-device-xxxxxxxx", latency=1.0)  # in flight when the channel goes
-    app = App(retry=FAST_RETRY)
-
-    async def provider() -> Provider:
-        return ApnsProvider(fake_apns.settings(timeout_seconds=5.0))
-
-    app.push_handler(queue_name, provider=provider, lease_seconds=30.0)
+    app = apns_push_app(queue_name, fake_apns, timeout=5.0)
     tokens = ["slow-device-xxxxxxxx", *(f"fast-device-{n:04d}" for n in range(20))]
     async with Worker(app, settings) as worker:
         for n, token in enumerate(tokens[:11]):
             body = push_job_body(targets=[Target(platform=Platform.IOS, token=token)], body="x")
             await publisher.publish(queue_name, body, message_id=f"before-{n}")
-        await wait_for(lambda: _requested(fake_apns, 11))
+        await wait_for(lambda: requested(fake_apns, 11))
         closed = await asyncio.to_thread(
             close_broker_connections, f"idempotent-workers {worker.worker_id}"
         )
@@ -213,7 +208,7 @@ async def test_push_acks_after_a_reconnect_leave_nothing_unacked_and_send_once(
         for n, token in enumerate(tokens[11:]):
             body = push_job_body(targets=[Target(platform=Platform.IOS, token=token)], body="x")
             await publisher.publish(queue_name, body, message_id=f"after-{n}")
-        await wait_for(lambda: _sent(db, len(tokens)), timeout=60)
+        await wait_for(lambda: sent(db, len(tokens)), timeout=60)
         await wait_for(lambda: no_message_ready(AMQP_URL, queue_name), timeout=30)
         loops = worker._loops
         assert all(loop.queue is not None and not loop.queue.channel.is_closed for loop in loops)
@@ -224,12 +219,3 @@ async def test_push_acks_after_a_reconnect_leave_nothing_unacked_and_send_once(
         await wait_for(all_acked, timeout=30)
     assert await no_message_ready(AMQP_URL, queue_name)  # after stop: nothing came back unacked
     assert all(len(fake_apns.requests_for(t)) == 1 for t in tokens)
-
-
-async def _requested(fake: FakeApns, n: int) -> bool:
-    return len(fake.requests) >= n
-
-
-async def _sent(db: DbConnection, n: int) -> bool:
-    sent = await db.fetchval("SELECT count(*) FROM outbound_sends WHERE status = 'sent'")
-    return bool(sent >= n)

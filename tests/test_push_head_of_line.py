@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from consumers import App, Publisher, Settings, Worker, push_job_body
+from consumers import Publisher, Settings, Worker, push_job_body
 from dedupe import DbConnection
-from providers import ApnsProvider, Platform, Provider, Target
+from providers import Platform, Target
 from providers.fakes.apns import FakeApns
-from tests.apps.push_app import FAST_RETRY
+from tests.providers.pushes import apns_push_app, requested, sent
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,25 +29,20 @@ async def test_200_fast_jobs_behind_a_silent_device_are_recorded_within_2_s_at_p
     fake_apns: FakeApns,
 ) -> None:
     fake_apns.script("silent-device-xxxx", latency=60.0)  # never answers in time
-    app = App(retry=FAST_RETRY)
-
-    async def provider() -> Provider:
-        return ApnsProvider(fake_apns.settings(timeout_seconds=TIMEOUT))
-
-    app.push_handler(queue_name, provider=provider, lease_seconds=30.0)
+    app = apns_push_app(queue_name, fake_apns, timeout=TIMEOUT)
     published: dict[str, float] = {}
     async with Worker(app, settings):
         silent = Target(platform=Platform.IOS, token="silent-device-xxxx")
         await publisher.publish(
             queue_name, push_job_body(targets=[silent], body="x"), message_id="silent"
         )
-        await wait_for(lambda: _requested(fake_apns, 1))
+        await wait_for(lambda: requested(fake_apns, 1))
         for n in range(FAST_JOBS):
             device = Target(platform=Platform.IOS, token=f"fast-device-{n:04d}")
             published[f"fast-{n}"] = time.time()
             body = push_job_body(targets=[device], body="x")
             await publisher.publish(queue_name, body, message_id=f"fast-{n}")
-        await wait_for(lambda: _sent(db, FAST_JOBS), timeout=60)
+        await wait_for(lambda: sent(db, FAST_JOBS), timeout=60)
         rows = await db.fetch(
             "SELECT message_id, extract(epoch FROM updated_at)::float8 AS at"
             " FROM outbound_sends WHERE status = 'sent'"
@@ -58,12 +53,3 @@ async def test_200_fast_jobs_behind_a_silent_device_are_recorded_within_2_s_at_p
         f"fast jobs recorded after publish: p50 {statistics.median(delays):.3f} s, p99 {p99:.3f} s"
     )
     assert p99 <= P99_LIMIT, f"p99 {p99:.2f} s behind a silent device"
-
-
-async def _requested(fake: FakeApns, n: int) -> bool:
-    return len(fake.requests) >= n
-
-
-async def _sent(db: DbConnection, n: int) -> bool:
-    sent = await db.fetchval("SELECT count(*) FROM outbound_sends WHERE status = 'sent'")
-    return bool(sent >= n)

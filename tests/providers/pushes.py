@@ -1,8 +1,12 @@
-"""The pushes the provider tests send, and a send that returns its error instead of raising."""
+"""The pushes the provider tests send, a send that returns its error instead of raising,
+and the APNs push app and waits of the worker-level push tests."""
 
 from __future__ import annotations
 
+from consumers import App
+from dedupe import DbConnection
 from providers import (
+    ApnsProvider,
     Notification,
     Platform,
     Priority,
@@ -14,6 +18,8 @@ from providers import (
     Target,
     send_ids,
 )
+from providers.fakes.apns import FakeApns
+from tests.apps.push_app import FAST_RETRY
 
 JOB = "order-1042-shipped"
 
@@ -52,3 +58,25 @@ async def send_or_error(provider: Provider, push: Push) -> ProviderReceipt | Pro
         return await provider.send(push, ids_for(push.target.token))
     except ProviderError as exc:
         return exc
+
+
+def apns_push_app(queue: str, fake: FakeApns, *, timeout: float) -> App:
+    """A push handler on `queue` sending to `fake` with this provider timeout."""
+    app = App(retry=FAST_RETRY)
+
+    async def provider() -> Provider:
+        return ApnsProvider(fake.settings(timeout_seconds=timeout))
+
+    app.push_handler(queue, provider=provider, lease_seconds=30.0)
+    return app
+
+
+async def requested(fake: FakeApns, n: int) -> bool:
+    """The fake read at least `n` requests."""
+    return len(fake.requests) >= n
+
+
+async def sent(db: DbConnection, n: int) -> bool:
+    """At least `n` ledger rows are `sent`."""
+    done = await db.fetchval("SELECT count(*) FROM outbound_sends WHERE status = 'sent'")
+    return bool(done >= n)
