@@ -12,11 +12,14 @@ import gc
 import os
 import signal
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
+from dataclasses import replace
+from typing import Any
 
 import asyncpg
 import structlog
 import uvicorn
+from fastapi import FastAPI
 
 from consumers.settings import Settings
 from dedupe import check_schema
@@ -28,36 +31,42 @@ log = structlog.get_logger(__name__)
 
 
 def serve_main(argv: Sequence[str], settings: Settings) -> int:
-    parser = argparse.ArgumentParser(prog="idempotent-workers serve")
+    ingress = serve_settings(argv)
+    return run(serve(ingress, create_app(ingress, settings.database)))
+
+
+def serve_settings(argv: Sequence[str], prog: str = "idempotent-workers serve") -> IngressSettings:
+    """The flags of `serve`, over the IW_INGRESS_* variables (the flags win)."""
+    parser = argparse.ArgumentParser(prog=prog)
     base = IngressSettings.from_env(os.environ)
     parser.add_argument("--host", default=base.host)
     parser.add_argument("--port", type=int, default=base.port, help="0: any free port")
     parser.add_argument("--queue", default=base.queue, help="the push queue jobs go to")
     parser.add_argument("--max-batch", type=int, default=base.max_batch)
     parser.add_argument("--lanes", type=int, default=base.lanes)
-    parser.add_argument(
-        "--bench-endpoint", action="store_true", help="mount the bench's trivial 202 endpoint"
-    )
     args = parser.parse_args(argv)
-    ingress = IngressSettings(
+    return replace(
+        base,
         host=args.host,
         port=args.port,
         queue=args.queue,
         max_batch=args.max_batch,
         lanes=args.lanes,
-        bench_endpoint=args.bench_endpoint,
     )
+
+
+def run(main: Coroutine[Any, Any, int]) -> int:
+    """Run `main` on uvloop (the serve extra brings it), or on the default loop without it."""
     try:
-        import uvloop  # the serve extra brings it; the default loop otherwise
+        import uvloop
     except ImportError:
-        return asyncio.run(serve(ingress, settings))
+        return asyncio.run(main)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(serve(ingress, settings))
+        return runner.run(main)
 
 
-async def serve(ingress: IngressSettings, settings: Settings) -> int:
-    """Serve until SIGTERM or SIGINT: stop accepting, finish the requests in flight, exit 0."""
-    app = create_app(ingress, settings.database)
+async def serve(ingress: IngressSettings, app: FastAPI) -> int:
+    """Serve `app` until SIGTERM or SIGINT: stop accepting, finish what is in flight, exit 0."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((ingress.host, ingress.port))

@@ -16,7 +16,6 @@ class IngressSettings:
     max_batch: int = 256  # requests in one commit at most
     lanes: int = 2  # commits in flight at once (each a pooled connection)
     key_cache_seconds: float = 30.0  # how long a known API key skips the database
-    bench_endpoint: bool = False  # mount the trivial 202 endpoint the bench compares with
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> IngressSettings:

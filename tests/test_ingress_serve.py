@@ -8,9 +8,11 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from dedupe import DbConnection
@@ -39,16 +41,16 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture
-async def serving(db: DbConnection, schema: str, tmp_path: Path) -> AsyncIterator[Serving]:
-    env = {**os.environ, "DATABASE_URL": DATABASE_URL, "DATABASE_SCHEMA": schema}
-    env["PYTHONPATH"] = str(ROOT)
-    key = cli(env, "api-key", "create", "--tenant", "acme").stdout.strip()
-    assert key.startswith("iwk_")
-    log_path = tmp_path / "serve.log"
+def _text(path: Path) -> str:
+    return path.read_text()
+
+
+@asynccontextmanager
+async def started(env: dict[str, str], log_path: Path, *command: str) -> AsyncIterator[str]:
+    """`python -m COMMAND --port 0` until the block ends (SIGTERM: exit 0); its URL."""
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "consumers", "serve", "--port", "0"],
+            [sys.executable, "-m", *command, "--port", "0"],
             env=env,
             cwd=ROOT,
             stdout=log,
@@ -57,21 +59,59 @@ async def serving(db: DbConnection, schema: str, tmp_path: Path) -> AsyncIterato
     try:
 
         async def listening() -> bool:
-            assert proc.poll() is None, log_path.read_text()
-            return "listening on" in log_path.read_text()
+            assert proc.poll() is None, _text(log_path)
+            return "listening on" in _text(log_path)
 
         await wait_for(listening, timeout=60)
-        found = re.search(r"listening on (http://\S+)", log_path.read_text())
+        found = re.search(r"listening on (http://\S+)", _text(log_path))
         assert found is not None
-        yield Serving(url=found[1], key=key)
+        yield found[1]
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            assert proc.wait(timeout=30) == 0, log_path.read_text()
+            assert proc.wait(timeout=30) == 0, _text(log_path)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.fixture
+def env(schema: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DATABASE_URL": DATABASE_URL,
+        "DATABASE_SCHEMA": schema,
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+@pytest.fixture
+async def serving(db: DbConnection, env: dict[str, str], tmp_path: Path) -> AsyncIterator[Serving]:
+    key = cli(env, "api-key", "create", "--tenant", "acme").stdout.strip()
+    assert key.startswith("iwk_")
+    async with started(env, tmp_path / "serve.log", "consumers", "serve") as url:
+        yield Serving(url=url, key=key)
+
+
+async def test_the_bench_endpoint_is_the_benchs_not_the_products(
+    serving: Serving, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The product answers 404 on /bench/trivial; the bench's server mounts it itself."""
+    async with (
+        started(env, tmp_path / "bench.log", "proving.bench.ingress_serve") as bench_url,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        product = await http.post(f"{serving.url}/bench/trivial", content=b"{}")
+        bench = await http.post(f"{bench_url}/bench/trivial", content=b"{}")
+        sent = await http.post(
+            f"{bench_url}/v1/messages",
+            json={**JOB, "idempotency_key": "bench-1"},
+            headers={"Authorization": f"Bearer {serving.key}"},
+        )
+    assert product.status_code == 404
+    assert (bench.status_code, bench.json()) == (202, {"status": "queued", "id": "trivial"})
+    assert sent.status_code == 202  # the bench's server is the product plus one route
 
 
 async def test_client_against_the_real_serve(serving: Serving, db: DbConnection) -> None:

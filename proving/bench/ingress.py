@@ -2,8 +2,9 @@
 
     python -m proving.bench.ingress [--rounds 3] [--seconds 8] [--connections 64]
 
-One `serve` process (with `--bench-endpoint`), a fresh schema, and the load
-from another process (`proving.bench.loadgen`). Each round measures, in this
+One `serve` process with the trivial endpoint mounted
+(`proving.bench.ingress_serve`), a fresh schema, and the load from another
+process (`proving.bench.loadgen`). Each round measures, in this
 order, the highest rate (closed loop) of:
 
 - trivial: POST /bench/trivial, same server and framework, no database;
@@ -97,13 +98,11 @@ def start_serve(env: dict[str, str], log: Path, lanes: int) -> tuple[subprocess.
             [
                 sys.executable,
                 "-m",
-                "consumers",
-                "serve",
+                "proving.bench.ingress_serve",
                 "--port",
                 "0",
                 "--queue",
                 "bench.ingress",
-                "--bench-endpoint",
                 "--lanes",
                 str(lanes),
             ],

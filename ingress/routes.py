@@ -1,0 +1,137 @@
+"""The send API's routes: POST /v1/messages, GET /v1/messages/{id}, POST .../cancel.
+
+POST /v1/messages, top to bottom:
+1. the bearer key names the tenant (401 otherwise);
+2. the body validates as a push job (400 `invalid_request` with details,
+   nothing stored, so the same key works once the body is fixed);
+3. the idempotency key, from the body or the `Idempotency-Key` header (both
+   and different: 400; neither: 400 `idempotency_key_required`);
+4. the fingerprint: SHA-256 of the canonical body, the key field left out;
+5. the group committer writes key row, message row and outbox row in one
+   statement and one commit, shared with the requests that arrived meanwhile
+   (`ingress.commit`); only after COMMIT: 202 `queued`, or 202
+   `duplicate_ignored` with the first id and `Idempotent-Replayed: true`, or
+   422 `idempotency_key_reused`.
+The database unreachable: 503 with Retry-After; the client retries, same key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import structlog
+from fastapi import APIRouter, Request, Response
+
+from dedupe import Acceptance, MessageStatus, NewMessage, fingerprint, parse_message_id
+from ingress.models import Cancelled, ErrorBody, MessageOut, NotCancellable, Queued
+from ingress.openapi import ERRORS, REPLAYED_HEADER, SEND_EXTRA, SEND_RESPONSES
+from ingress.reading import SendHeaders, Tenant, one_key, running_of, tenant_for, validated
+from ingress.refusals import NOT_FOUND, json_response
+
+log = structlog.get_logger(__name__)
+
+router = APIRouter()
+_NOT_YOURS: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "no such message of yours"}
+}
+
+
+@router.post(
+    "/v1/messages",
+    operation_id="send_message",
+    status_code=202,
+    response_model=Queued,
+    responses=SEND_RESPONSES,
+    openapi_extra=SEND_EXTRA,
+)
+async def send(request: Request) -> Response:
+    running = running_of(request)
+    wanted = SendHeaders.read(request)
+    tenant = await tenant_for(request, wanted.authorization)
+    raw_body = await request.body()
+    job = validated(wanted.content_type, raw_body)
+    key = one_key(job.idempotency_key, wanted.idempotency_key)
+    body: dict[str, Any] = orjson.loads(raw_body)
+    body.pop("idempotency_key", None)
+    assert running.committer is not None
+    answer = await running.committer.submit(
+        NewMessage(
+            tenant=tenant,
+            idempotency_key=key,
+            # SendRequest took it, so it holds only str, int, None, lists and objects
+            fingerprint=fingerprint(body, plain=True),
+            queue=running.settings.queue,
+            targets=len({(t.platform, t.token) for t in job.targets}),  # repeats fold
+            job=orjson.dumps(body),
+        )
+    )
+    if answer.outcome is Acceptance.KEY_REUSED:
+        return json_response(422, {"error": "idempotency_key_reused"})
+    replayed = answer.outcome is Acceptance.DUPLICATE_IGNORED
+    return json_response(
+        202,
+        {"status": str(answer.outcome), "id": str(answer.id)},
+        {REPLAYED_HEADER: "true"} if replayed else None,
+    )
+
+
+@router.get(
+    "/v1/messages/{message_id}",
+    operation_id="read_message",
+    response_model=MessageOut,
+    responses={**_NOT_YOURS, **ERRORS},
+)
+async def read(request: Request, message_id: str, tenant: Tenant) -> Response:
+    message = parse_message_id(message_id)
+    if message is None:
+        raise NOT_FOUND
+    running = running_of(request)
+    async with running.db.acquire() as conn:
+        view = await running.messages.find(conn, tenant, message)
+    if view is None:
+        raise NOT_FOUND
+    return json_response(
+        200,
+        {
+            "id": str(view.id),
+            "status": str(view.status),
+            "created_at": view.created_at.isoformat(),
+            "updated_at": view.updated_at.isoformat(),
+            "targets": [
+                {
+                    "index": t.index,
+                    "status": t.status,
+                    "platform": t.platform,
+                    "provider_message_id": t.provider_message_id,
+                    "failure_reason": t.failure_reason,
+                }
+                for t in view.targets
+            ],
+        },
+    )
+
+
+@router.post(
+    "/v1/messages/{message_id}/cancel",
+    operation_id="cancel_message",
+    response_model=Cancelled,
+    responses={
+        **_NOT_YOURS,
+        409: {"model": NotCancellable, "description": "a worker took it: too late"},
+        **ERRORS,
+    },
+)
+async def cancel(request: Request, message_id: str, tenant: Tenant) -> Response:
+    message = parse_message_id(message_id)
+    if message is None:
+        raise NOT_FOUND
+    running = running_of(request)
+    async with running.db.acquire() as conn, conn.transaction():
+        moved = await running.messages.cancel(conn, tenant, message)
+    if moved.won or moved.already(MessageStatus.CANCELLED):
+        log.info("message_cancelled", tenant=tenant, id=str(message), won=moved.won)
+        return json_response(200, {"id": str(message), "status": "cancelled"})
+    if moved.status is None:
+        raise NOT_FOUND
+    return json_response(409, {"error": "message_not_cancellable", "status": moved.status})
