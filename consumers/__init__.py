@@ -1,18 +1,38 @@
-"""The RabbitMQ side: apps and handlers, the delivery loop, retries, the CLI."""
+"""The RabbitMQ side of idempotent-workers: its public face.
 
-from consumers.app import App, load_app
-from consumers.circuit import CircuitState, CircuitView
-from consumers.context import Batch, Context
-from consumers.decisions import (
+Everything a user, a test or a tool of ours needs is imported here and listed
+in `__all__`; the subpackages (message, handlers, pipeline, push, publishing,
+broker, retention, telemetry, runtime, commands) are the inside, free to change.
+"""
+
+from consumers.handlers.app import App, load_app
+from consumers.handlers.context import Batch, Context
+from consumers.handlers.faults import NO_FAULTS, CrashPoint, Faults, NoFaults
+from consumers.handlers.retry import RetryPolicy, dead_letter_queue, tier_queue
+from consumers.handlers.spec import (
+    BatchHandler,
+    DeadToken,
+    HandlerSpec,
+    InvalidTokenHook,
+    MessageHandler,
+    ProviderFactory,
+    PushSpec,
+)
+from consumers.message.decisions import (
     ConfigurationError,
     ConsumersError,
     HandlerDecision,
     Reject,
     Retry,
 )
-from consumers.envelope import BadInput, Envelope
-from consumers.faults import NO_FAULTS, CrashPoint, Faults, NoFaults
-from consumers.publisher import (
+from consumers.message.envelope import (
+    ATTEMPT_HEADER,
+    REASON_HEADER,
+    TENANT_HEADER,
+    BadInput,
+    Envelope,
+)
+from consumers.publishing.publisher import (
     Job,
     NotConfirmed,
     Publisher,
@@ -21,9 +41,10 @@ from consumers.publisher import (
     Unroutable,
     job_message,
 )
-from consumers.push_job import InvalidPushJob, PushJob, parse_push_job, push_job_body
-from consumers.relay import Relay
-from consumers.retry import RetryPolicy
+from consumers.publishing.relay import Relay
+from consumers.push.circuit import CircuitState, CircuitView
+from consumers.push.job import InvalidPushJob, PushJob, parse_push_job, push_job_body
+from consumers.runtime.worker import Worker
 from consumers.settings import (
     AmqpSettings,
     DatabaseSettings,
@@ -33,20 +54,14 @@ from consumers.settings import (
     Settings,
     WorkerSettings,
 )
-from consumers.spec import (
-    BatchHandler,
-    DeadToken,
-    HandlerSpec,
-    InvalidTokenHook,
-    MessageHandler,
-    ProviderFactory,
-    PushSpec,
-)
-from consumers.worker import Worker
+from consumers.telemetry.logs import configure_logging
 from dedupe import UnknownOutcome
 
 __all__ = [
+    "ATTEMPT_HEADER",
     "NO_FAULTS",
+    "REASON_HEADER",
+    "TENANT_HEADER",
     "AmqpSettings",
     "App",
     "BadInput",
@@ -88,8 +103,11 @@ __all__ = [
     "Unroutable",
     "Worker",
     "WorkerSettings",
+    "configure_logging",
+    "dead_letter_queue",
     "job_message",
     "load_app",
     "parse_push_job",
     "push_job_body",
+    "tier_queue",
 ]

@@ -18,13 +18,14 @@ from typing import Any
 import asyncpg
 import structlog
 
-from consumers import cleaner, dlq_command, inspection
-from consumers.app import load_app
-from consumers.horizon import RetentionTooShort, check_retention, retention_need
-from consumers.logs import configure_logging
-from consumers.process import run_process
-from consumers.relay import run_relay
+from consumers.commands import dlq, inspection
+from consumers.handlers.app import load_app
+from consumers.publishing.relay import run_relay
+from consumers.retention import cleaner
+from consumers.retention.retry_horizon import RetentionTooShort, check_retention, retention_need
+from consumers.runtime.process import run_process
 from consumers.settings import Settings
+from consumers.telemetry.logs import configure_logging
 from dedupe import DedupeError, migrate
 
 log = structlog.get_logger(__name__)
@@ -68,7 +69,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         _check_retention_before_children(args.target, settings)
     if args.processes == 1:
         return asyncio.run(run_process(args.target, settings))
-    from consumers.supervisor import RestartPolicy, Supervisor
+    from consumers.runtime.supervisor import RestartPolicy, Supervisor
 
     supervisor = Supervisor(
         args.target,
@@ -80,9 +81,20 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     return asyncio.run(supervisor.run())
 
 
+# The extra each proving tool needs beyond the core: `pip install 'idempotent-workers[X]'`.
+TOOL_EXTRAS = {"demo": "demo", "chaos": "demo", "bench": "bench"}
+
+
 def _proving_tool(name: str) -> Any:
     """`proving.<name>`, imported by name: the framework never imports its proving tools."""
-    return _load(f"proving.{name}", "install the idempotent-workers package with its proving tools")
+    extra = TOOL_EXTRAS[name]
+    try:
+        return _load(f"proving.{name}", "install the idempotent-workers package with its tools")
+    except ModuleNotFoundError as exc:  # httpx, fastapi, aioapns...: the extra is missing
+        raise SystemExit(
+            f"idempotent-workers: {name} needs {exc.name}, from the {extra!r} extra: "
+            f"pip install 'idempotent-workers[{extra}]'"
+        ) from exc
 
 
 def _load(module: str, hint: str) -> Any:
@@ -141,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("args", nargs=argparse.REMAINDER)
     chaos = sub.add_parser("chaos", help="faults on a schedule, then count lost and doubled")
     chaos.add_argument("args", nargs=argparse.REMAINDER)
-    dlq_command.register(sub)
+    dlq.register(sub)
     inspection.register(sub)
     return parser
 
@@ -184,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = _ingress().api_key_main(args.args, settings)
             return code
         if args.command == "dlq":
-            return asyncio.run(dlq_command.run(args, settings))
+            return asyncio.run(dlq.run(args, settings))
         if args.command == "inspect":
             return asyncio.run(inspection.run(args, settings))
     except RetentionTooShort as exc:

@@ -67,7 +67,7 @@ class WorkerSettings:
     # it the handler is cancelled, its message retried, the batch goes on.
     handler_timeout_seconds: float = 30.0
     # A loop stuck this long past the longest deadline (a handler blocking it)
-    # ends the process (consumers.watchdog); also the sessions' backstop margin.
+    # ends the process (consumers.runtime.watchdog); also the sessions' backstop margin.
     watchdog_grace_seconds: float = 10.0
 
     def __post_init__(self) -> None:
@@ -77,7 +77,7 @@ class WorkerSettings:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetentionSettings:
-    """How long dedupe rows live, and what must fit in that time (see consumers.horizon)."""
+    """How long dedupe rows live, and what must fit in that time (retention.retry_horizon)."""
 
     keep_days: float = 7.0  # claims and settled sends are deleted after this
     # How long after a message's last retry a dead letter may still be

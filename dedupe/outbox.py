@@ -3,7 +3,7 @@
 "The effect is a row, not a call": `Outbox.enqueue(tx, ...)` inserts the
 message into the `outbox` table inside the caller's own transaction, so the
 message exists if and only if the caller's effects committed. A relay
-(`consumers.relay`) publishes it later, with publisher confirms, and marks it
+(`consumers.publishing.relay`) publishes it later, with publisher confirms, and marks it
 published. The statements here are the relay's too:
 
 - `claim(tx, limit)`: pending rows, oldest first, `FOR UPDATE SKIP LOCKED`,

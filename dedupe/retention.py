@@ -2,7 +2,7 @@
 
 A processed_messages row must outlive every copy of its message: a copy
 redelivered after its row is gone would run again. How long that is comes
-from the app's retry policies (`consumers.horizon`, which `run` checks);
+from the app's retry policies (`consumers.retention.retry_horizon`, which `run` checks);
 this module only deletes what is older than it is told, like this:
 
 1. One cleaner per schema at a time: a session advisory lock, taken with

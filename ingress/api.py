@@ -17,7 +17,7 @@ import asyncpg
 import structlog
 from fastapi import FastAPI
 
-from consumers.settings import DatabaseSettings
+from consumers import DatabaseSettings
 from dedupe import Messages, check_schema
 from ingress import openapi, routes
 from ingress.commit import Committer

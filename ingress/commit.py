@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import asyncpg
 import structlog
 
-from consumers.verdict import CONNECTION_ERRORS
 from dedupe import Accepted, Messages, NewMessage
+from dedupe.lost import CONNECTION_ERRORS
 
 log = structlog.get_logger(__name__)
 

@@ -1,7 +1,7 @@
 """The send API's bodies as pydantic models: what FastAPI validates and /openapi.json shows.
 
 `SendRequest` accepts exactly what the push worker accepts
-(`consumers.push_job.parse_push_job`), plus the optional `idempotency_key`;
+(`consumers.push.job.parse_push_job`), plus the optional `idempotency_key`;
 strict, so `"3600"` is not a number and unknown fields are refused.
 """
 
@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from consumers.push_job import MAX_TARGETS, MAX_TOKEN_CHARS
+from consumers.push.job import MAX_TARGETS, MAX_TOKEN_CHARS
 
 MAX_KEY_BYTES = 128
 

@@ -21,8 +21,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from consumers.verdict import CONNECTION_ERRORS
 from dedupe import KeyVanished
+from dedupe.lost import CONNECTION_ERRORS
 
 log = structlog.get_logger(__name__)
 

@@ -21,7 +21,7 @@ import structlog
 import uvicorn
 from fastapi import FastAPI
 
-from consumers.settings import Settings
+from consumers import Settings
 from dedupe import check_schema
 from ingress.api import create_app
 from ingress.keys import ApiKeys

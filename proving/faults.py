@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import structlog
 
-from consumers.faults import NO_FAULTS, CrashPoint, Faults
+from consumers import NO_FAULTS, CrashPoint, Faults
 
 log = structlog.get_logger(__name__)
 

@@ -12,9 +12,15 @@ import asyncpg
 import pytest
 import structlog
 
-from consumers import AmqpSettings, DatabaseSettings, Publisher, Settings, WorkerSettings
-from consumers.retry import RetryPolicy
-from consumers.topology import delete
+from consumers import (
+    AmqpSettings,
+    DatabaseSettings,
+    Publisher,
+    RetryPolicy,
+    Settings,
+    WorkerSettings,
+)
+from consumers.broker.topology import delete
 from dedupe import DbConnection, migrate, quote_ident
 from proving.chaos.cluster import LocalCluster
 from tests.apps.effects import FAST_RETRY

@@ -20,8 +20,7 @@ from typing import Any
 
 import aio_pika
 
-from consumers import App, Publisher, RetryPolicy, Settings, Worker
-from consumers.retry import dead_letter_queue
+from consumers import App, Publisher, RetryPolicy, Settings, Worker, dead_letter_queue
 from dedupe import DbConnection
 from tests.support import drain_dead_letters, wait_for
 

@@ -18,7 +18,7 @@ from typing import Any
 import aio_pika
 from prometheus_client.parser import text_string_to_metric_families
 
-from consumers.retry import dead_letter_queue
+from consumers import dead_letter_queue
 from proving.keptlogs import keep_log
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,12 +13,9 @@ from dataclasses import replace
 
 import aio_pika
 
-from consumers import Settings, Worker
-from consumers.envelope import REASON_HEADER
-from consumers.items import Delivery
-from consumers.retry import RetryPolicy
-from consumers.runner import Runner
-from consumers.settings import QueueType
+from consumers import REASON_HEADER, QueueType, RetryPolicy, Settings, Worker
+from consumers.pipeline.deliveries import Delivery
+from consumers.pipeline.runner import Runner
 from dedupe import DbConnection
 from proving.rawamqp import RawProperties
 from tests.support import drain_dead_letters, wait_for

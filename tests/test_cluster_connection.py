@@ -13,8 +13,8 @@ import pytest
 import structlog
 from yarl import URL
 
-from consumers import App, Context, Publisher, Settings, Worker
-from consumers.connection import (
+from consumers import App, Context, Publisher, RetryPolicy, Settings, Worker
+from consumers.broker.connection import (
     BACKOFF_BASE_S,
     BACKOFF_CAP_S,
     ClusterConnection,
@@ -22,7 +22,6 @@ from consumers.connection import (
     connect_once,
     redacted,
 )
-from consumers.retry import RetryPolicy
 from dedupe import DbConnection
 from proving.chaos.proxy import FaultProxy
 from proving.chaos.services import PrivateRabbit

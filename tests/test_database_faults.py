@@ -8,8 +8,7 @@ from dataclasses import replace
 import asyncpg
 import structlog
 
-from consumers import App, Context, Publisher, Settings, Worker
-from consumers.retry import RetryPolicy
+from consumers import App, Context, Publisher, RetryPolicy, Settings, Worker
 from dedupe import DbConnection
 from tests.conftest import DATABASE_URL
 from tests.support import settle, wait_for

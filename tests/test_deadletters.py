@@ -18,10 +18,9 @@ import aio_pika
 import pytest
 from yarl import URL
 
-from consumers import AmqpSettings
-from consumers.dispatch import DEAD_LETTERED_AT_HEADER
-from consumers.retry import RetryPolicy, dead_letter_queue
-from consumers.topology import declare
+from consumers import AmqpSettings, RetryPolicy, dead_letter_queue
+from consumers.broker.topology import declare
+from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER
 from dedupe import DbConnection, Retention, cleanup
 from proving.rawamqp import RawProperties, RawPublisher, RawValue
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn

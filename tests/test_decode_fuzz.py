@@ -18,8 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from consumers.envelope import BadInput, Envelope, decode, is_text
-from consumers.wire import read_leniently, republishable_headers, republished
+from consumers import BadInput, Envelope
+from consumers.broker.headers import read_leniently, republishable_headers, republished
+from consumers.message.envelope import decode, is_text
 from proving.fuzz.inputs import RawInput, raw_inputs
 from proving.rawamqp import encode_properties
 

@@ -14,10 +14,8 @@ from dataclasses import dataclass
 import aio_pika
 import pytest
 
-from consumers import App, Context, Settings, Worker
-from consumers.envelope import REASON_HEADER
-from consumers.retry import RetryPolicy
-from consumers.wire import DROPPED_HEADERS
+from consumers import REASON_HEADER, App, Context, RetryPolicy, Settings, Worker
+from consumers.broker.headers import DROPPED_HEADERS
 from dedupe import DbConnection
 from proving.rawamqp import RawProperties, RawPublisher
 from tests.conftest import AMQP_URL

@@ -9,9 +9,7 @@ from dataclasses import replace
 import aio_pika
 import pytest
 
-from consumers import App, Batch, Context, Reject, Retry
-from consumers.envelope import ATTEMPT_HEADER, REASON_HEADER
-from consumers.retry import RetryPolicy
+from consumers import ATTEMPT_HEADER, REASON_HEADER, App, Batch, Context, Reject, Retry, RetryPolicy
 from tests.conftest import AMQP_URL
 from tests.harness import Harness
 from tests.rawamqp import publish_raw

@@ -23,12 +23,11 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from consumers.app import load_app
+from consumers import Settings, load_app
 from consumers.cli import _parser
-from consumers.endpoint import LIVENESS_PATH, METRICS_PATH, READINESS_PATH
-from consumers.metrics import PREFIX, DedupeCollector, Metrics
-from consumers.multiproc import SupervisorCollector
-from consumers.settings import Settings
+from consumers.telemetry.endpoint import LIVENESS_PATH, METRICS_PATH, READINESS_PATH
+from consumers.telemetry.metrics import PREFIX, DedupeCollector, Metrics
+from consumers.telemetry.multiproc import SupervisorCollector
 from dedupe import TableStats
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"

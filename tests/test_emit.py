@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import aio_pika
 
-from consumers import App, Batch, Context, Publisher, Reject, Retry, Settings, Worker
-from consumers.retry import RetryPolicy
+from consumers import App, Batch, Context, Publisher, Reject, Retry, RetryPolicy, Settings, Worker
 from dedupe import DbConnection
 from tests.support import settle, wait_for
 

@@ -15,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from consumers import Settings, push_job_body
-from consumers.push_job import parse_push_job
+from consumers import Settings, parse_push_job, push_job_body
 from dedupe import DbConnection, Messages, Retention, cleanup, job_message_id
 from dedupe.fingerprint import is_plain
 from ingress.models import SendRequest

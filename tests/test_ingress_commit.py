@@ -9,7 +9,6 @@ import asyncpg
 import orjson
 import pytest
 
-from consumers.verdict import CONNECTION_ERRORS
 from dedupe import (
     Acceptance,
     Accepted,
@@ -19,6 +18,7 @@ from dedupe import (
     fingerprint,
     job_message_id,
 )
+from dedupe.lost import CONNECTION_ERRORS
 from ingress.commit import Committer
 from tests.conftest import DATABASE_URL
 

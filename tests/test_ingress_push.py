@@ -11,8 +11,7 @@ import asyncpg
 import httpx
 import pytest
 
-from consumers import Settings, push_job_body
-from consumers.relay import Relay
+from consumers import Relay, Settings, push_job_body
 from dedupe import Messages
 from ingress.settings import IngressSettings
 from providers import Platform, Target

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import aio_pika
 
-from consumers import AmqpSettings, Publisher
-from consumers.retry import RetryPolicy, dead_letter_queue
-from consumers.topology import declare
+from consumers import AmqpSettings, Publisher, RetryPolicy, dead_letter_queue
+from consumers.broker.topology import declare
 from dedupe import DbConnection, Outbox, fingerprint
 from tests.conftest import AMQP_URL, Spawn
 from tests.support import wait_declared, wait_for

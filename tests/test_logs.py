@@ -11,12 +11,19 @@ import orjson
 import pytest
 import structlog
 
-from consumers import App, Context, Publisher, Settings, Worker
-from consumers.envelope import Envelope
-from consumers.items import Delivery, Item
-from consumers.logs import configure_logging, outcome_lines
-from consumers.push_answers import Answered, Send, log_answer
-from consumers.push_job import parse_push_job
+from consumers import (
+    App,
+    Context,
+    Envelope,
+    Publisher,
+    Settings,
+    Worker,
+    configure_logging,
+    parse_push_job,
+)
+from consumers.pipeline.deliveries import Delivery, Item
+from consumers.push.answers import Answered, Send, log_answer
+from consumers.telemetry.logs import outcome_lines
 from dedupe import DbConnection, DedupeKey, SendResult, SendStatus, TargetKey
 from providers import Platform, Target, send_ids
 from tests.support import wait_for

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.envelope import loads_json
+from consumers.message.envelope import loads_json
 from dedupe import canonical_json
 
 scalars = (

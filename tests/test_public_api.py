@@ -33,3 +33,45 @@ def test_leaves_do_not_import_consumers() -> None:
         for value in vars(module).values():
             origin = getattr(value, "__module__", "") or ""
             assert not origin.startswith("consumers"), (leaf, value)
+
+
+# What the applications of the framework (ingress, proving) still take from its
+# inside: the topology for the chaos and demo set-ups, exit codes a supervisor
+# test reads, the relay's entry point, the push job's limits, a dead letter's
+# header. Everything else comes through `consumers`' public face.
+INTERNAL_IMPORTS_ALLOWED = {
+    "consumers.broker.topology",
+    "consumers.runtime.watchdog",
+    "consumers.runtime.process",
+    "consumers.push.job",
+    "consumers.publishing.relay",
+    "consumers.pipeline.settle",
+}
+
+
+def test_applications_reach_the_framework_through_its_public_face() -> None:
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    reached: set[str] = set()
+    for package in ("ingress", "proving"):
+        for path in (root / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "consumers."
+                ):
+                    reached.add(str(node.module))
+    assert reached - INTERNAL_IMPORTS_ALLOWED == set(), "import it from `consumers` instead"
+
+
+def test_the_inside_of_consumers_exports_nothing() -> None:
+    import pkgutil
+
+    import consumers
+
+    for info in pkgutil.iter_modules(consumers.__path__):
+        if info.ispkg:
+            package = importlib.import_module(f"consumers.{info.name}")
+            assert getattr(package, "__all__", []) == [], info.name
+            assert "Internal" in (package.__doc__ or ""), info.name

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from consumers import (
+    REASON_HEADER,
     App,
     DeadToken,
     Publisher,
     UnknownOutcome,
     push_job_body,
 )
-from consumers.envelope import REASON_HEADER
 from dedupe import DbConnection
 from providers import ApnsProvider, FcmProvider, Platform, PlatformRouter, Provider, Target
 from providers.fakes.apns import FakeApns

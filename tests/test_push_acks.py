@@ -17,8 +17,8 @@ import aio_pika
 import pytest
 
 from consumers import Publisher, Settings, Worker, push_job_body
-from consumers.acks import AckWindow
-from consumers.items import Delivery, Item
+from consumers.pipeline.acks import AckWindow
+from consumers.pipeline.deliveries import Delivery, Item
 from dedupe import DbConnection
 from providers import Platform, Target
 from providers.fakes.apns import FakeApns

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 import structlog
 
-from consumers import App, Context, Publisher, Settings, Worker
-from consumers.retry import RetryPolicy
+from consumers import App, Context, Publisher, RetryPolicy, Settings, Worker
 from dedupe import DbConnection
 from tests.conftest import AMQP_URL
 from tests.support import close_broker_connections, no_message_ready, settle, wait_for

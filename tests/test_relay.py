@@ -15,8 +15,7 @@ import aio_pika
 import asyncpg
 import pytest
 
-from consumers import AmqpSettings, RelaySettings, Settings
-from consumers.relay import Relay
+from consumers import AmqpSettings, Relay, RelaySettings, Settings
 from dedupe import DbConnection, Outbox
 from tests.conftest import AMQP_URL, DATABASE_URL
 from tests.support import ROOT, wait_for

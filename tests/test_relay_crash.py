@@ -12,8 +12,7 @@ from pathlib import Path
 
 import aio_pika
 
-from consumers import RelaySettings, Settings
-from consumers.relay import Relay
+from consumers import Relay, RelaySettings, Settings
 from dedupe import DbConnection, Outbox
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
 from tests.support import ROOT, settle, wait_for

@@ -10,9 +10,8 @@ import aio_pika
 import asyncpg
 import pytest
 
-from consumers import HandlerSpec, Publisher, RetryPolicy
-from consumers.horizon import retention_need, retry_horizon
-from consumers.settings import RetentionSettings
+from consumers import HandlerSpec, Publisher, RetentionSettings, RetryPolicy
+from consumers.retention.retry_horizon import retention_need, retry_horizon
 from dedupe import CleanerBusy, DbConnection, Retention, cleanup
 from tests.apps.effects import FAST_RETRY
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn

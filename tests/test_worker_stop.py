@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from structlog.testing import capture_logs
 
-from consumers.worker import _close_logged
+from consumers.runtime.worker import _close_logged
 
 
 async def test_a_failing_close_is_logged_not_raised() -> None:

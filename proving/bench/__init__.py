@@ -29,8 +29,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 
-from consumers.logs import configure_logging
-from consumers.settings import Settings
+from consumers import Settings, configure_logging
 from proving.bench.options import PACED_VARIANTS, PREFILL_VARIANTS, BenchOptions, EventLoop, parse
 from proving.bench.prefill import prefill
 from proving.bench.profile import top

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 import aio_pika
 import asyncpg
 
-from consumers.envelope import TENANT_HEADER
+from consumers import TENANT_HEADER
 from dedupe import fingerprint
 from proving.bench.sandbox import CLAIM_ONE, INSERT_EFFECT
 from proving.bench.variant import POOL_SIZE, Run, Variant

@@ -26,7 +26,7 @@ from datetime import timedelta
 
 import asyncpg
 
-from consumers.settings import Settings
+from consumers import Settings
 from dedupe import Retention, cleanup, migrate, quote_ident
 from proving.bench.prefill import prefill
 from proving.bench.workload import TENANT

@@ -44,7 +44,7 @@ from typing import Any
 
 import asyncpg
 
-from consumers.settings import Settings
+from consumers import Settings
 from dedupe import migrate, quote_ident
 from ingress.keys import ApiKeys
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from consumers.settings import QueueType
+from consumers import QueueType
 
 DEFAULT_VARIANTS = (
     "ceiling",

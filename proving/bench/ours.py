@@ -16,9 +16,7 @@ a file or a collector).
 
 from __future__ import annotations
 
-from consumers.app import App
-from consumers.context import Batch, Context
-from consumers.worker import Worker
+from consumers import App, Batch, Context, Worker
 from proving.bench.sandbox import INSERT_EFFECT, INSERT_EFFECTS
 from proving.bench.variant import Run, Variant
 

@@ -36,14 +36,18 @@ from dataclasses import dataclass, field, replace
 import aio_pika
 import asyncpg
 
-from consumers.app import App
-from consumers.logs import configure_logging
-from consumers.publisher import job_message
-from consumers.push_job import push_job_body
-from consumers.retry import RetryPolicy
-from consumers.settings import DatabaseSettings, Settings, WorkerSettings
-from consumers.topology import declare, delete
-from consumers.worker import Worker
+from consumers import (
+    App,
+    DatabaseSettings,
+    RetryPolicy,
+    Settings,
+    Worker,
+    WorkerSettings,
+    configure_logging,
+    job_message,
+    push_job_body,
+)
+from consumers.broker.topology import declare, delete
 from dedupe import migrate, quote_ident
 from providers import ApnsProvider, ApnsSettings, Platform, Provider, Target
 from proving.bench.providers import LATENCY, FakeServer, one_run

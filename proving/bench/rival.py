@@ -22,7 +22,7 @@ from typing import Any
 import asyncpg
 from faststream.rabbit import Channel, RabbitBroker, RabbitMessage, RabbitQueue
 
-from consumers.envelope import TENANT_HEADER
+from consumers import TENANT_HEADER
 from dedupe import fingerprint
 from proving.bench.sandbox import CLAIM_ONE, INSERT_EFFECT
 from proving.bench.variant import POOL_SIZE, Run, Variant

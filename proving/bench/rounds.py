@@ -23,7 +23,7 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 
-from consumers.settings import Settings
+from consumers import Settings
 from proving.bench.memory import peak_resident
 from proving.bench.options import BenchOptions
 from proving.bench.profile import sampled

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 import aio_pika
 import asyncpg
 
-from consumers.retry import RetryPolicy
-from consumers.settings import AmqpSettings
-from consumers.topology import declare, delete
+from consumers import AmqpSettings, RetryPolicy
+from consumers.broker.topology import declare, delete
 from dedupe import migrate, quote_ident
 
 EFFECTS_TABLE = """

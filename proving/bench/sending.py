@@ -38,8 +38,7 @@ from dataclasses import dataclass
 import aio_pika
 import asyncpg
 
-from consumers.publisher import Job, Publisher
-from consumers.settings import Settings
+from consumers import Job, Publisher, Settings
 from dedupe import quote_ident
 from proving.bench.options import SENDING_VARIANTS, BenchOptions
 from proving.bench.rounds import say

@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.settings import Settings
+from consumers import Settings
 from proving.bench.sandbox import Sandbox
 from proving.bench.stopwatch import Stopwatch
 

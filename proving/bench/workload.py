@@ -14,7 +14,7 @@ import uuid
 
 import aio_pika
 
-from consumers.envelope import TENANT_HEADER
+from consumers import TENANT_HEADER
 
 TENANT = "acme"
 CHUNK = 1000  # publishes in flight at once while filling a backlog

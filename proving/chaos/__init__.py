@@ -19,8 +19,7 @@ import asyncio
 import signal
 from collections.abc import Sequence
 
-from consumers.logs import configure_logging
-from consumers.settings import Settings
+from consumers import Settings, configure_logging
 from proving.chaos.failover import ClusterOutcome, cluster_line, run_cluster_chaos
 from proving.chaos.profile import CLUSTER_PROFILES, PROFILES
 from proving.chaos.report import (

@@ -31,9 +31,7 @@ import zlib
 from enum import StrEnum
 from pathlib import Path
 
-from consumers.app import App
-from consumers.context import Context
-from consumers.retry import RetryPolicy
+from consumers import App, Context, RetryPolicy
 from providers import Provider
 from proving.faults import SigkillAt
 

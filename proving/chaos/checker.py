@@ -27,8 +27,7 @@ from pathlib import Path
 
 import aio_pika
 
-from consumers.app import App
-from consumers.retry import tier_queue
+from consumers import App, tier_queue
 from dedupe import DbConnection
 from proving.chaos.app import POISON_MAX_ATTEMPTS, POISON_QUEUE, SLOW_QUEUE, Act, follows_up
 from proving.chaos.deadletters import DeadLetter

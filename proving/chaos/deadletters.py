@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import aio_pika
 import structlog
 
-from consumers.dispatch import DEAD_LETTERED_AT_HEADER
-from consumers.envelope import ATTEMPT_HEADER, REASON_HEADER
-from consumers.retry import dead_letter_queue
+from consumers import ATTEMPT_HEADER, REASON_HEADER, dead_letter_queue
+from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER
 from proving.chaos.poison import MARK_HEADER
 
 log = structlog.get_logger(__name__)

@@ -35,7 +35,7 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 
-from consumers.retry import dead_letter_queue, tier_queue
+from consumers import dead_letter_queue, tier_queue
 from proving.chaos.app import LOCAL_QUEUE, app
 from proving.chaos.checker import Findings, check, count_stuck, effect_counts
 from proving.chaos.cluster import LocalCluster

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import structlog
 
-from consumers.faults import CrashPoint
-from consumers.process import EXIT_START_FAILED
-from consumers.watchdog import EXIT_STUCK
+from consumers import CrashPoint
+from consumers.runtime.process import EXIT_START_FAILED
+from consumers.runtime.watchdog import EXIT_STUCK
 from proving.chaos.app import hang_markers
 from proving.keptlogs import TAIL_LINES, keep_log
 

@@ -28,7 +28,7 @@ from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 
-from consumers.push_job import push_job_body
+from consumers import push_job_body
 from dedupe import DbConnection
 from providers import Platform, Target
 from providers.fakes.apns import FakeApns

@@ -2,7 +2,7 @@
 
     python -m proving.chaos.relay      (the CLI's environment, plus PROVING_CRASH_*)
 
-The same `consumers.relay.run_relay` the CLI runs, given a `SigkillAt` from
+The same `consumers.publishing.relay.run_relay` the CLI runs, given a `SigkillAt` from
 `PROVING_CRASH_AT=after_publish`: the chaos fleet arms some relay starts to
 kill themselves after their batch is confirmed and before it is marked.
 """
@@ -13,9 +13,8 @@ import asyncio
 import os
 import sys
 
-from consumers.logs import configure_logging
-from consumers.relay import run_relay
-from consumers.settings import Settings
+from consumers import Settings, configure_logging
+from consumers.publishing.relay import run_relay
 from proving.faults import SigkillAt
 
 

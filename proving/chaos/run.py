@@ -28,10 +28,8 @@ import aio_pika
 import asyncpg
 import structlog
 
-from consumers.app import App
-from consumers.faults import CrashPoint
-from consumers.settings import AmqpSettings
-from consumers.topology import declare
+from consumers import AmqpSettings, App, CrashPoint
+from consumers.broker.topology import declare
 from dedupe import migrate
 from proving.chaos.app import (
     EFFECTS_TABLE,

@@ -24,7 +24,7 @@ import aio_pika
 import structlog
 from pamqp.commands import Basic
 
-from consumers.envelope import TENANT_HEADER
+from consumers import TENANT_HEADER
 from proving.chaos.app import LOCAL_QUEUE, POISON_QUEUE, SLOW_QUEUE, Act
 from proving.chaos.poison import decode_poison
 from proving.rawamqp import RawProperties, publish_raw

@@ -17,10 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from consumers.app import App
-from consumers.context import Context
-from consumers.push_job import push_job_body
-from consumers.spec import DeadToken
+from consumers import App, Context, DeadToken, push_job_body
 from dedupe import DbConnection
 from providers import Platform, Provider, Target
 

@@ -24,11 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 import asyncpg
 
-from consumers.envelope import REASON_HEADER
-from consumers.publisher import Publisher
-from consumers.retry import dead_letter_queue
-from consumers.settings import Settings
-from consumers.topology import declare, delete
+from consumers import REASON_HEADER, Publisher, Settings, dead_letter_queue
+from consumers.broker.topology import declare, delete
 from dedupe import LEASE_EXPIRED, migrate
 from proving.demo.app import PUSH_QUEUE, QUEUE, app, follows_up
 from proving.demo.ingress import (

@@ -14,8 +14,7 @@ import argparse
 import asyncio
 from collections.abc import Sequence
 
-from consumers.logs import configure_logging
-from consumers.settings import Settings
+from consumers import Settings, configure_logging
 from proving.fuzz.run import FuzzOutcome, run_fuzz, summary_line
 
 __all__ = ["FuzzOutcome", "main", "run_fuzz", "summary_line"]

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import os
 
-from consumers.app import App
-from consumers.context import Context
-from consumers.retry import RetryPolicy
+from consumers import App, Context, RetryPolicy
 
 EFFECTS_TABLE = """
 CREATE TABLE IF NOT EXISTS fuzz_effects (

@@ -37,8 +37,7 @@ import aio_pika
 import asyncpg
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from consumers.envelope import REASON_HEADER
-from consumers.retry import dead_letter_queue, tier_queue
+from consumers import REASON_HEADER, dead_letter_queue, tier_queue
 from dedupe import migrate, quote_ident
 from proving.chaos.run import free_port
 from proving.chaos.services import PrivateRabbit, remove_tree

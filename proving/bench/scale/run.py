@@ -18,7 +18,7 @@ from typing import IO
 import aio_pika
 import asyncpg
 
-from consumers.settings import Settings
+from consumers import Settings
 from proving.bench.options import BenchOptions, parse
 from proving.bench.rounds import SETTLE_SECONDS, say
 from proving.bench.sandbox import Sandbox

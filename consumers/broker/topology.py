@@ -1,0 +1,76 @@
+"""The queues a worker declares for each handler.
+
+    <queue>                  work queue (quorum by default, with a delivery-limit
+                             that dead-letters a message that keeps killing workers)
+    <queue>.retry.<ms>       one per delay tier: message TTL <ms>, dead-letters back
+                             to <queue> through the default exchange
+    <queue>.dlq              dead letters, each with an `x-reason` header
+
+Publishers send to the default exchange with the queue's name as routing key.
+Declaring is idempotent; declaring with other arguments than an existing
+queue has is refused by the broker (PRECONDITION_FAILED).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aio_pika
+
+from consumers.handlers.retry import RetryPolicy, dead_letter_queue, tier_queue
+from consumers.settings import AmqpSettings, QueueType
+
+
+def _type_args(settings: AmqpSettings) -> dict[str, Any]:
+    return {"x-queue-type": str(settings.queue_type)}
+
+
+def work_queue_arguments(queue: str, settings: AmqpSettings) -> dict[str, Any]:
+    args = _type_args(settings)
+    args["x-dead-letter-exchange"] = ""
+    args["x-dead-letter-routing-key"] = dead_letter_queue(queue)
+    if settings.queue_type is QueueType.QUORUM:
+        args["x-delivery-limit"] = settings.delivery_limit
+    return args
+
+
+def tier_arguments(queue: str, tier_seconds: float, settings: AmqpSettings) -> dict[str, Any]:
+    args = _type_args(settings)
+    args["x-message-ttl"] = round(tier_seconds * 1000)
+    args["x-dead-letter-exchange"] = ""
+    args["x-dead-letter-routing-key"] = queue
+    if settings.queue_type is QueueType.QUORUM:
+        # Expired messages move back at least once: a broker restart mid-move
+        # repeats the move rather than losing the message.
+        args["x-dead-letter-strategy"] = "at-least-once"
+        args["x-overflow"] = "reject-publish"
+    return args
+
+
+async def declare(
+    channel: aio_pika.abc.AbstractChannel,
+    queue: str,
+    retry: RetryPolicy,
+    settings: AmqpSettings,
+) -> aio_pika.abc.AbstractQueue:
+    """Declare the work queue, its retry tiers and its dead-letter queue."""
+    await channel.declare_queue(
+        dead_letter_queue(queue), durable=True, arguments=_type_args(settings)
+    )
+    for tier in retry.tiers_seconds:
+        await channel.declare_queue(
+            tier_queue(queue, tier), durable=True, arguments=tier_arguments(queue, tier, settings)
+        )
+    return await channel.declare_queue(
+        queue, durable=True, arguments=work_queue_arguments(queue, settings)
+    )
+
+
+async def delete(channel: aio_pika.abc.AbstractChannel, queue: str, retry: RetryPolicy) -> None:
+    """Delete every queue `declare` made (tests and the demo clean up with it)."""
+    for name in [
+        queue,
+        dead_letter_queue(queue),
+        *(tier_queue(queue, t) for t in retry.tiers_seconds),
+    ]:
+        await channel.queue_delete(name)

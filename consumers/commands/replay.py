@@ -1,0 +1,210 @@
+"""`dlq replay`: send chosen dead letters back to the queue their DLQ belongs to.
+
+For each dead letter read (in queue order), in this order:
+
+1. not selected (`--reason`, `--message-id`, `--since`)       left alone
+2. past `--limit` selected ones                                left alone
+3. no message_id, or a property or header that is not UTF-8  skipped: reported, left in the DLQ
+4. first dead-lettered longer ago than retention               refused unless `--force`: its
+                                                               claim may be deleted, so a replay
+                                                               could apply it a second time
+5. `--dry-run`                                                 reported as would_replay
+6. republished to the work queue, confirmed, then acked        replayed
+
+The target is always the work queue named by the command (`orders` for
+`orders.dlq`), never the message's `x-original-queue` header, which anyone
+who can publish could have set. The message_id is kept, so replaying a job
+whose effect did commit (and whose claim is still there) is acked as a
+duplicate, never run twice. One message that cannot be replayed is reported
+and skipped; it never stops the ones after it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import aio_pika
+
+from consumers.commands.deadletters import (
+    DeadLetter,
+    NoSuchQueue,
+    read_dead_letters,
+    undecodable_header,
+)
+from consumers.handlers.retry import dead_letter_queue
+from consumers.message.envelope import ATTEMPT_HEADER, REASON_HEADER, is_text
+from consumers.pipeline.settle import ERROR_HEADER, QUEUE_HEADER
+
+# The framework's own headers, set again if the message fails again; the
+# first dead-letter date (x-dead-lettered-at) is kept on purpose.
+_DROPPED_HEADERS = frozenset(
+    {REASON_HEADER, ERROR_HEADER, ATTEMPT_HEADER, QUEUE_HEADER, "x-death", "x-delivery-count"}
+)
+_DROPPED_PREFIXES = ("x-first-death-", "x-last-death-")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Selection:
+    """Which dead letters a command acts on; every given filter must match."""
+
+    reason: str | None = None  # a shell pattern: `max_attempts_exceeded:*`
+    message_id: str | None = None
+    since: datetime.datetime | None = None  # first dead-lettered at or after
+    limit: int = 100
+
+    def matches(self, letter: DeadLetter) -> bool:
+        if self.reason is not None and not fnmatch.fnmatchcase(letter.reason, self.reason):
+            return False
+        if self.message_id is not None and letter.message_id != self.message_id:
+            return False
+        if self.since is not None:
+            return letter.dead_lettered_at is not None and letter.dead_lettered_at >= self.since
+        return True
+
+
+class Outcome(StrEnum):
+    REPLAYED = "replayed"
+    WOULD_REPLAY = "would_replay"
+    SKIPPED = "skipped"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replayed:
+    letter: DeadLetter
+    outcome: Outcome
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplaySummary:
+    dlq: str
+    target: str
+    held: int  # messages in the DLQ when read
+    read: int
+    counts: dict[Outcome, int]
+
+
+async def replay(
+    connection: aio_pika.abc.AbstractConnection,
+    queue: str,
+    selection: Selection,
+    *,
+    retention: datetime.timedelta,
+    force: bool,
+    dry_run: bool,
+    most: int,
+    report: Callable[[Replayed], None],
+) -> ReplaySummary:
+    """Replay what `selection` picks from `queue`'s DLQ into `queue`; report each outcome."""
+    dlq = dead_letter_queue(queue)
+    publishing = await connection.channel(publisher_confirms=True)
+    try:
+        await publishing.declare_queue(queue, passive=True)
+    except aio_pika.exceptions.ChannelNotFoundEntity as exc:
+        raise NoSuchQueue(queue) from exc
+    reading = await connection.channel()
+    counts = dict.fromkeys(Outcome, 0)
+    try:
+        letters, held = await read_dead_letters(reading, dlq, most=most)
+        now = datetime.datetime.now(datetime.UTC)
+        selected = 0
+        for letter in letters:
+            if not selection.matches(letter):
+                continue
+            if selected >= selection.limit:
+                break
+            selected += 1
+            done = await _replay_one(
+                publishing,
+                queue,
+                letter,
+                now=now,
+                retention=retention,
+                force=force,
+                dry_run=dry_run,
+            )
+            counts[done.outcome] += 1
+            report(done)
+    finally:
+        await reading.close()  # what was not acked goes back to the DLQ, in place
+        await publishing.close()
+    return ReplaySummary(dlq=dlq, target=queue, held=held, read=len(letters), counts=counts)
+
+
+async def _replay_one(
+    channel: aio_pika.abc.AbstractChannel,
+    queue: str,
+    letter: DeadLetter,
+    *,
+    now: datetime.datetime,
+    retention: datetime.timedelta,
+    force: bool,
+    dry_run: bool,
+) -> Replayed:
+    message = letter.message
+    if letter.message_id is None:
+        return Replayed(
+            letter=letter, outcome=Outcome.SKIPPED, why="no message_id: it has no dedupe key"
+        )
+    bad_property = next(
+        (
+            name
+            for name in ("message_id", "content_type", "content_encoding", "correlation_id", "type")
+            if not is_text(getattr(message, name) or "")
+        ),
+        None,
+    )
+    if bad_property is not None:
+        return Replayed(
+            letter=letter, outcome=Outcome.SKIPPED, why=f"property {bad_property} is not UTF-8"
+        )
+    bad = undecodable_header(message.headers or {})
+    if bad is not None:
+        return Replayed(letter=letter, outcome=Outcome.SKIPPED, why=f"header {bad} is not UTF-8")
+    age = letter.age(now)
+    if not force and (age is None or age > retention):
+        day = datetime.timedelta(days=1)
+        told = "an unknown time ago" if age is None else f"{age / day:.1f} days ago"
+        return Replayed(
+            letter=letter,
+            outcome=Outcome.REFUSED,
+            why=(
+                f"dead-lettered {told}, retention is {retention / day:g} days: its claim"
+                " may be deleted and a replay could apply it twice (--force to replay)"
+            ),
+        )
+    if dry_run:
+        return Replayed(letter=letter, outcome=Outcome.WOULD_REPLAY)
+    try:
+        await channel.default_exchange.publish(_copy(message), routing_key=queue, mandatory=True)
+    except aio_pika.exceptions.ChannelInvalidStateError:
+        raise  # the channel is gone: nothing after this can be replayed either
+    except Exception as exc:  # this message only: report it, go on with the next
+        return Replayed(letter=letter, outcome=Outcome.SKIPPED, why=f"publish failed: {exc!r}")
+    await message.ack()  # only after the broker confirmed the replay
+    return Replayed(letter=letter, outcome=Outcome.REPLAYED)
+
+
+def _copy(message: aio_pika.abc.AbstractIncomingMessage) -> aio_pika.Message:
+    headers: dict[str, Any] = {
+        name: value
+        for name, value in (message.headers or {}).items()
+        if name not in _DROPPED_HEADERS and not name.startswith(_DROPPED_PREFIXES)
+    }
+    return aio_pika.Message(
+        message.body,
+        headers=headers,
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        message_id=message.message_id,
+        correlation_id=message.correlation_id,
+        type=message.type,
+        timestamp=message.timestamp,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+    )

@@ -1,0 +1,169 @@
+"""The app: a registry of handlers, one per queue.
+
+    app = App()
+
+    @app.handler("orders.shipped")
+    async def record_shipment(ctx: Context) -> None:
+        await ctx.tx.execute("INSERT INTO shipments (order_id) VALUES ($1)", ctx.body["order_id"])
+
+The queue name is also the consumer's name, the first part of every dedupe key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from consumers.handlers.faults import NO_FAULTS, Faults
+from consumers.handlers.retry import RetryPolicy
+from consumers.handlers.spec import (
+    BatchHandler,
+    HandlerSpec,
+    InvalidTokenHook,
+    MessageHandler,
+    ProviderFactory,
+    PushSpec,
+)
+from consumers.message.decisions import ConfigurationError
+from consumers.message.envelope import Fingerprinter
+from dedupe import UnknownOutcome
+
+
+class App:
+    """Handlers by queue. Pass it to `Worker` or `idempotent-workers run MODULE:APP`."""
+
+    def __init__(self, *, retry: RetryPolicy | None = None, faults: Faults = NO_FAULTS) -> None:
+        self.retry = retry or RetryPolicy()
+        # Crash tests and the chaos app install a Faults here; production never does.
+        self.faults = faults
+        self._specs: dict[str, HandlerSpec] = {}
+
+    @property
+    def specs(self) -> Mapping[str, HandlerSpec]:
+        return self._specs
+
+    def handler(
+        self,
+        queue: str,
+        *,
+        retry: RetryPolicy | None = None,
+        fingerprint: Fingerprinter | None = None,
+        timeout: float | None = None,
+    ) -> Callable[[MessageHandler], MessageHandler]:
+        """Register `fn(ctx)` for every message on `queue`.
+
+        `timeout`: the handler's deadline in seconds (default: the worker's
+        `handler_timeout_seconds`, IW_HANDLER_TIMEOUT). Past it the handler is
+        cancelled, its effects rolled back and its message retried
+        (`handler_timeout`); the rest of the batch commits.
+        """
+
+        def register(fn: MessageHandler) -> MessageHandler:
+            self._add(
+                HandlerSpec(
+                    queue=queue,
+                    handle=fn,
+                    retry=retry or self.retry,
+                    fingerprint=fingerprint,
+                    timeout=_positive(timeout),
+                )
+            )
+            return fn
+
+        return register
+
+    def batch_handler(
+        self,
+        queue: str,
+        *,
+        retry: RetryPolicy | None = None,
+        fingerprint: Fingerprinter | None = None,
+        timeout: float | None = None,
+    ) -> Callable[[BatchHandler], BatchHandler]:
+        """Register `fn(batch)` that writes a whole batch's effects at once.
+
+        It gets only the batch's new messages (duplicates are already acked);
+        if it raises, or runs past `timeout` (the deadline of one call), the
+        batch is split to find the failing message, and the others' effects
+        still commit exactly once.
+        """
+
+        def register(fn: BatchHandler) -> BatchHandler:
+            self._add(
+                HandlerSpec(
+                    queue=queue,
+                    handle_batch=fn,
+                    retry=retry or self.retry,
+                    fingerprint=fingerprint,
+                    timeout=_positive(timeout),
+                )
+            )
+            return fn
+
+        return register
+
+    def push_handler(
+        self,
+        queue: str,
+        *,
+        provider: ProviderFactory,
+        on_invalid_token: InvalidTokenHook | None = None,
+        unknown_outcome: UnknownOutcome = UnknownOutcome.RESEND,
+        lease_seconds: float = 30.0,
+        probe_seconds: float = 10.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        """Send the push jobs of `queue` (format: `consumers.push.job`) through `provider`.
+
+        `provider` is called once, inside the worker's event loop, to build the
+        Provider (aioapns needs the running loop). `on_invalid_token(tx, dead)`
+        runs once per dead token, in the transaction that records it.
+        `lease_seconds` must exceed the provider's own timeout: no send starts
+        unless its answer is due before the lease ends. A provider that refuses
+        our credentials is paused; `probe_seconds` later (doubling to a minute)
+        one send probes it (see `consumers.push.circuit`).
+        """
+        if lease_seconds <= 0:
+            raise ConfigurationError("lease_seconds must be positive")
+        if probe_seconds <= 0:
+            raise ConfigurationError("probe_seconds must be positive")
+        self._add(
+            HandlerSpec(
+                queue=queue,
+                push=PushSpec(
+                    provider=provider,
+                    on_invalid_token=on_invalid_token,
+                    unknown_outcome=unknown_outcome,
+                    lease_seconds=lease_seconds,
+                    probe_seconds=probe_seconds,
+                ),
+                retry=retry or self.retry,
+            )
+        )
+
+    def _add(self, spec: HandlerSpec) -> None:
+        if not spec.queue or len(spec.queue.encode()) > 200:
+            raise ConfigurationError(f"bad queue name {spec.queue!r}: 1 to 200 bytes")
+        if spec.queue in self._specs:
+            raise ConfigurationError(f"queue {spec.queue!r} already has a handler")
+        self._specs[spec.queue] = spec
+
+
+def _positive(timeout: float | None) -> float | None:
+    if timeout is not None and not timeout > 0:
+        raise ConfigurationError(f"a handler timeout must be positive, got {timeout!r}")
+    return timeout
+
+
+def load_app(target: str) -> App:
+    """Import `module:attribute` and return the App found there."""
+    import importlib
+
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"expected MODULE:APP, got {target!r}")
+    module = importlib.import_module(module_name)
+    app: Any = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise ConfigurationError(f"{target!r} is not an idempotent-workers App")
+    return app

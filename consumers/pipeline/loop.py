@@ -1,0 +1,133 @@
+"""One channel's batch loop: deliveries buffered as they arrive, settled a batch at a time.
+
+A loop takes everything buffered (up to `max_batch`) as soon as a batch slot is
+free: no timer, so a quiet queue gets the latency of one commit and a busy one
+gets large batches. Each batch goes to `run_isolating` (pipeline.isolation),
+which never hands a whole batch back for one message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+
+import aio_pika
+import structlog
+
+from consumers.pipeline.deliveries import Delivery
+from consumers.pipeline.isolation import run_isolating
+from consumers.pipeline.runner import Runner
+from consumers.telemetry.metrics import ConsumerMetrics
+
+log = structlog.get_logger(__name__)
+
+
+class BatchLoop:
+    """One channel's deliveries, settled one batch at a time, or `at_once` at a time.
+
+    Local-effect batches go one at a time (their acks are `multiple=True`). A push
+    runner settles each job on its own as its answers are recorded, its acks
+    through its `acks` window (`consumers.pipeline.acks`), so several of its batches may
+    be in flight: a job waiting on a slow device then holds back no batch behind
+    it. The window notes each delivery as it arrives, before any batch takes it.
+    """
+
+    def __init__(
+        self, runner: Runner, max_batch: int, metrics: ConsumerMetrics, *, at_once: int = 1
+    ) -> None:
+        self.runner = runner
+        self.max_batch = max_batch
+        self.metrics = metrics
+        self.in_flight = 0  # this loop's share of the consumer's in-flight gauge
+        self.buffer: deque[Delivery] = deque()
+        self.wake = asyncio.Event()
+        self.stopping = False
+        self.queue: aio_pika.abc.AbstractQueue | None = None
+        self.consumer_tag: str | None = None
+        self._slots = asyncio.Semaphore(at_once)
+        self._running: set[asyncio.Task[None]] = set()
+        self.acks = runner.acks
+
+    async def on_message(self, message: Delivery) -> None:
+        if self.acks is not None:
+            self.acks.delivered(message)
+        self.buffer.append(message)
+        self.wake.set()
+
+    async def run(self) -> None:
+        try:
+            while True:
+                if not self.buffer:
+                    if self.stopping:
+                        return
+                    self.wake.clear()
+                    await self.wake.wait()
+                    continue
+                await self._slots.acquire()  # a batch in flight ended, or none is
+                batch = self._take()
+                if not batch:  # drained while waiting for a slot, or all stale
+                    self._slots.release()
+                    continue
+                self._count_in_flight(len(self.buffer))
+                self.metrics.batch_messages.observe(len(batch))
+                task = asyncio.create_task(self._settle(batch))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+        except asyncio.CancelledError:
+            for task in self._running:  # past the grace period: stop them too
+                task.cancel()
+            raise
+        finally:
+            if self._running:  # stopping: settle the batches in flight first
+                await asyncio.gather(*self._running, return_exceptions=True)
+            if self.acks is not None:  # acks held back behind what is left unsettled
+                await self.acks.flush()
+                self.acks.close()
+
+    def _take(self) -> list[Delivery]:
+        """Up to `max_batch` deliveries, skipping those of a channel closed since.
+
+        The broker took those back when their channel closed and redelivers
+        them on the new one: run anyway, each would cost a handler call and an
+        ack that cannot go out, and the redelivered copies would wait behind
+        them (a reconnect adds a whole prefetch each time).
+        """
+        batch: list[Delivery] = []
+        stale = 0
+        while self.buffer and len(batch) < self.max_batch:
+            delivery = self.buffer.popleft()
+            try:
+                delivery.channel  # noqa: B018 -- raises once the channel has closed
+            except aio_pika.exceptions.ChannelInvalidStateError:
+                stale += 1
+                continue
+            batch.append(delivery)
+        if stale:
+            log.info(
+                "stale_deliveries_dropped",
+                consumer=self.runner.spec.queue,
+                count=stale,
+                outcome="left_to_redelivery",
+            )
+        return batch
+
+    async def _settle(self, batch: list[Delivery]) -> None:
+        try:
+            await run_isolating(self.runner, batch)  # never hands a whole batch back
+        finally:
+            self._slots.release()
+            self._count_in_flight(len(self.buffer))
+
+    def _count_in_flight(self, now: int) -> None:
+        """Move the gauge by this loop's change: several loops share one consumer's gauge."""
+        if now != self.in_flight:
+            self.metrics.in_flight.inc(now - self.in_flight)
+            self.in_flight = now
+
+    async def cancel(self) -> None:
+        self.stopping = True
+        if self.queue is not None and self.consumer_tag is not None:
+            with contextlib.suppress(Exception):
+                await self.queue.cancel(self.consumer_tag)
+        self.wake.set()

@@ -1,0 +1,328 @@
+"""The worker process: connections, consumers, batch loops, graceful stop.
+
+For each handler the worker declares the topology, opens `concurrency`
+channels with `prefetch` each, and runs one batch loop per channel. A loop
+takes everything buffered (up to `max_batch`) as soon as the previous batch
+is settled: no timer, so a quiet queue gets latency of one commit and a busy
+one gets large batches.
+
+`stop()` (SIGTERM in the CLI): cancel the consumers, finish and commit the
+batches already delivered, ack them, close. What the grace period does not
+cover stays unacked and the broker redelivers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aio_pika
+import asyncpg
+import structlog
+
+from consumers.broker.connection import connect
+from consumers.broker.headers import read_leniently
+from consumers.broker.topology import declare
+from consumers.handlers.app import App
+from consumers.handlers.spec import HandlerSpec
+from consumers.message.decisions import ConfigurationError
+from consumers.message.verdict import error_text
+from consumers.pipeline.acks import AckWindow
+from consumers.pipeline.batch import BatchRunner
+from consumers.pipeline.deadline import longest_deadline
+from consumers.pipeline.loop import BatchLoop
+from consumers.pipeline.runner import Runner
+from consumers.pipeline.settle import Dispatcher
+from consumers.publishing.relay import Relay
+from consumers.push.circuit import Circuits, CircuitState, CircuitView
+from consumers.push.runner import PushRunner
+from consumers.settings import Settings
+from consumers.telemetry.health import CHECK_TIMEOUT_SECONDS, Status
+from consumers.telemetry.metrics import Metrics
+from dedupe import Inbox, SendLedger, TableStats, check_schema, quote_ident, table_stats
+from providers import Provider
+
+log = structlog.get_logger(__name__)
+
+PUSH_BATCHES_AT_ONCE = 8  # per channel: a slow device holds back only its own batch
+
+
+class Worker:
+    """Consumes every queue of `app` until `stop()`."""
+
+    def __init__(
+        self,
+        app: App,
+        settings: Settings | None = None,
+        *,
+        log_effects: bool = True,
+        metrics: Metrics | None = None,
+    ) -> None:
+        if not app.specs:
+            raise ConfigurationError("the app has no handlers")
+        self.app = app
+        self.settings = settings or Settings()
+        self.metrics = metrics if metrics is not None else Metrics()
+        ws = self.settings.worker
+        # How long a handler may hold the event loop or a transaction before
+        # something stronger than its deadline steps in: the watchdog ends the
+        # process (`run`), the server ends the session (every worker).
+        self.stuck_after = (
+            longest_deadline(app.specs.values(), ws.handler_timeout_seconds)
+            + ws.watchdog_grace_seconds
+        )
+        # The send-lease owner: unique per process, also across PID reuse.
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._providers: dict[str, Provider] = {}
+        self._circuits: dict[str, Circuits] = {}
+        self.log_effects = log_effects
+        self.pool: asyncpg.Pool | None = None
+        self._connection: aio_pika.abc.AbstractRobustConnection | None = None
+        self._loops: list[BatchLoop] = []
+        self._relay: Relay | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self._stopping = False
+        self._closed = asyncio.Event()
+
+    async def start(self) -> None:
+        db = self.settings.database
+        amqp = self.settings.amqp
+        ws = self.settings.worker
+        read_leniently()  # a key that is not UTF-8 must not cost the connection
+        needed = ws.concurrency * len(self.app.specs)  # one connection per batch in flight
+        self.pool = await create_pool(
+            self.settings,
+            min_size=min(needed, db.pool_size),
+            name=f"idempotent-workers {self.worker_id}",
+            backstop_seconds=self.stuck_after,
+        )
+        async with self.pool.acquire() as conn:
+            await check_schema(conn, db.schema)
+        self._connection = await connect(amqp.urls, name=f"idempotent-workers {self.worker_id}")
+        confirm_channel = await self._connection.channel(publisher_confirms=True)
+        dispatcher = Dispatcher(confirm_channel, log_effects=self.log_effects, metrics=self.metrics)
+        inbox = Inbox(db.schema)
+        for spec in self.app.specs.values():
+            await self._start_queue(spec, dispatcher, inbox)
+        if self.settings.relay.in_run:
+            self._relay = Relay(self.settings, faults=self.app.faults)
+            await self._relay.start()
+        self._started = True
+        log.info(
+            "worker_started",
+            worker=self.worker_id,
+            queues=list(self.app.specs),
+            prefetch=ws.prefetch,
+            max_batch=ws.max_batch,
+            concurrency=ws.concurrency,
+        )
+
+    async def _provider(self, spec: HandlerSpec) -> Provider:
+        """The queue's provider, built once inside the running loop."""
+        assert spec.push is not None
+        if spec.queue not in self._providers:
+            self._providers[spec.queue] = await spec.push.provider()
+        return self._providers[spec.queue]
+
+    def _circuits_of(self, spec: HandlerSpec) -> Circuits:
+        """The queue's provider circuits, shared by its batch loops."""
+        assert spec.push is not None
+        if spec.queue not in self._circuits:
+            self._circuits[spec.queue] = Circuits(spec.queue, probe_seconds=spec.push.probe_seconds)
+        return self._circuits[spec.queue]
+
+    def provider_circuits(self) -> list[CircuitView]:
+        """Every push queue's provider circuits: health and metrics read them.
+
+        A provider whose circuit is not `closed` refused our credentials or
+        configuration and is paused (see `consumers.push.circuit`); the worker is
+        not ready while one is.
+        """
+        return [view for circuits in self._circuits.values() for view in circuits.views()]
+
+    async def _start_queue(self, spec: HandlerSpec, dispatcher: Dispatcher, inbox: Inbox) -> None:
+        assert self._connection is not None and self.pool is not None
+        ws = self.settings.worker
+        for n in range(ws.concurrency):
+            channel = await self._connection.channel(publisher_confirms=False)
+            await channel.set_qos(prefetch_count=ws.prefetch)
+            if n == 0:
+                await declare(channel, spec.queue, spec.retry, self.settings.amqp)
+            # Declared (passively) on the robust channel, not `get_queue(ensure=False)`:
+            # only queues the channel knows get their consumers back after a reconnect.
+            queue = await channel.declare_queue(spec.queue, passive=True)
+            runner: Runner
+            if spec.push is not None:
+                runner = PushRunner(
+                    spec=spec,
+                    pool=self.pool,
+                    inbox=inbox,
+                    ledger=SendLedger(self.settings.database.schema, self.worker_id),
+                    provider=await self._provider(spec),
+                    circuits=self._circuits_of(spec),
+                    dispatcher=dispatcher,
+                    settings=ws,
+                    faults=self.app.faults,
+                    metrics=self.metrics.consumer(spec.queue),
+                    acks=AckWindow(),
+                )
+            else:
+                runner = BatchRunner(
+                    spec=spec,
+                    pool=self.pool,
+                    inbox=inbox,
+                    dispatcher=dispatcher,
+                    settings=ws,
+                    faults=self.app.faults,
+                    metrics=self.metrics.consumer(spec.queue),
+                )
+            at_once = PUSH_BATCHES_AT_ONCE if spec.push is not None else 1
+            loop = BatchLoop(
+                runner, ws.max_batch, self.metrics.consumer(spec.queue), at_once=at_once
+            )
+            loop.queue = queue
+            self._tasks.append(asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}"))
+            loop.consumer_tag = await queue.consume(loop.on_message)
+            self._loops.append(loop)
+
+    async def stop(self) -> None:
+        """Stop consuming, settle what was delivered, close. Idempotent."""
+        if self._stopping:
+            await self._closed.wait()
+            return
+        self._stopping = True
+        grace = self.settings.worker.shutdown_grace_seconds
+        log.info("worker_stopping", worker=self.worker_id, grace_s=grace)
+        for loop in self._loops:
+            await loop.cancel()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=grace)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            unsettled = sum(len(loop.buffer) for loop in self._loops)
+            if pending or unsettled:
+                log.warning("shutdown_grace_exceeded", unsettled=unsettled)
+        if self._relay is not None:
+            await _close_logged("relay", self._relay.stop)
+        # Everything delivered is settled or left to redelivery by now: a close
+        # that fails is logged and the rest still closes.
+        if self._connection is not None:
+            await _close_logged("amqp_connection", self._connection.close)
+        for provider in self._providers.values():
+            await _close_logged(f"provider:{provider.name}", provider.aclose)
+        if self.pool is not None:
+            await _close_logged("database_pool", self.pool.close)
+        log.info("worker_stopped", worker=self.worker_id)
+        self._closed.set()
+
+    async def readiness(self) -> Status:
+        """Connected to RabbitMQ and PostgreSQL, consuming, no provider circuit open.
+
+        Also moves the circuit gauges: the readiness check runs every few
+        seconds, which is as often as they need to move.
+        """
+        problems: list[str] = []
+        if self._stopping:
+            problems.append("stopping")
+        elif not self._started:
+            problems.append("starting")
+        connection = self._connection
+        if connection is None or connection.is_closed or not connection.connected.is_set():
+            problems.append("rabbitmq: not connected")
+        elif any(loop.queue is not None and loop.queue.channel.is_closed for loop in self._loops):
+            problems.append("rabbitmq: a consuming channel is closed")
+        if self.pool is None:
+            problems.append("postgresql: not connected yet")
+        else:
+            try:
+                async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
+                    await self.pool.fetchval("SELECT 1")
+            except Exception as exc:
+                problems.append(
+                    f"postgresql: {error_text(exc) if str(exc) else type(exc).__name__}"
+                )
+        for view in self.provider_circuits():
+            if view.state is not CircuitState.CLOSED:
+                problems.append(f"{view.consumer}: provider {view.provider} paused ({view.reason})")
+        for view in self.provider_circuits():
+            paused = view.state is not CircuitState.CLOSED
+            self.metrics.circuit_open.labels(view.consumer, view.provider).set(1 if paused else 0)
+        if problems:
+            return Status(ok=False, detail="; ".join(problems))
+        return Status(ok=True, detail=f"consuming {len(self.app.specs)} queue(s)")
+
+    async def table_stats(self) -> TableStats | None:
+        """The dedupe table's size and oldest claim, for a scrape; None before start."""
+        if self.pool is None:
+            return None
+        async with self.pool.acquire() as conn:
+            return await table_stats(conn, self.settings.database.schema)
+
+    async def wait_stopped(self) -> None:
+        """Return once `stop()` (from a signal handler, say) has closed everything."""
+        await self._closed.wait()
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+
+async def _close_logged(what: str, close: Callable[[], Awaitable[object]]) -> None:
+    """Await `close()`; log a failure with its traceback instead of raising it.
+
+    A CancelledError that is not a cancellation of this task (a library
+    handing its closing future's exception on) counts as a failure too.
+    """
+    try:
+        await close()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        log.error("close_failed", what=what, exc_info=True)
+    except Exception:
+        log.exception("close_failed", what=what)
+
+
+async def create_pool(
+    settings: Settings,
+    *,
+    min_size: int = 1,
+    name: str = "idempotent-workers",
+    backstop_seconds: float | None = None,
+) -> asyncpg.Pool:
+    """An asyncpg pool whose search_path starts with the configured schema.
+
+    `name` becomes the sessions' application_name, so `pg_stat_activity`
+    shows which worker holds which connection. `backstop_seconds` sets the
+    sessions' `statement_timeout` and `idle_in_transaction_session_timeout`:
+    should a handler's deadline not end its transaction (the process stuck),
+    the server ends it, and the claims it held free the other workers.
+    """
+    db = settings.database
+    server_settings = {
+        "search_path": f"{quote_ident(db.schema)}, public",
+        "application_name": name[:63],
+    }
+    if backstop_seconds is not None:
+        limit = str(math.ceil(backstop_seconds * 1000))
+        server_settings["statement_timeout"] = limit
+        server_settings["idle_in_transaction_session_timeout"] = limit
+    pool = await asyncpg.create_pool(
+        db.url,
+        min_size=min_size,
+        max_size=max(db.pool_size, min_size),
+        server_settings=server_settings,
+    )
+    assert pool is not None
+    return pool
