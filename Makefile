@@ -11,7 +11,7 @@ SOURCES := consumers dedupe ingress providers proving tests
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[push,bench,serve,client]' --group dev
+	$(PY) -m pip install --quiet -e '.[demo,bench]' --group dev
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -67,7 +67,7 @@ wheel: install services
 	$(PY) -m build --wheel --outdir dist .
 	python3 -m venv .wheel-venv
 	.wheel-venv/bin/python -m pip install --quiet --upgrade pip
-	.wheel-venv/bin/python -m pip install --quiet "$$(ls dist/*.whl)[push,serve,client]"
+	.wheel-venv/bin/python -m pip install --quiet "$$(ls dist/*.whl)[demo]"
 	cd /tmp && $(CURDIR)/.wheel-venv/bin/idempotent-workers demo --jobs 1000 --pushes 100
 
 clean:
