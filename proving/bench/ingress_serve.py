@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from fastapi import Request, Response
 
-from consumers.settings import Settings
+from consumers import Settings
 from ingress.api import create_app
 from ingress.serve import run, serve, serve_settings
 
