@@ -9,8 +9,15 @@ Everything a message can do wrong outside the handler is found here, for that
 message alone: a key PostgreSQL would refuse (NUL) or that is not UTF-8 (never
 replaced: `b"\xff"` and `b"\xfe"` must not become one tenant), JSON nested
 deeper than `MAX_JSON_DEPTH` (the parser would recurse out of stack), a
-content type other than JSON, a content encoding other than identity, a
+content type other than JSON, a content encoding that names a transform, a
 custom fingerprint function that raises. `decode` returns; it never raises.
+
+A JSON body is UTF-8 text (RFC 8259), so a charset that says UTF-8, in any
+spelling, is accepted where other clients put it: kombu's JSON serializer
+and many pika users set `content_encoding='utf-8'`, others
+`content_type='application/json; charset=utf-8'`. A content encoding that
+names a real transform (gzip, deflate, binary) or another charset, and
+kombu's `compression` header, stay `unsupported_content_encoding`.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ MAX_JSON_DEPTH = 100  # nested objects and arrays; deeper is bad input
 JSON_MEDIA_TYPE = "application/json"
 TENANT_HEADER = "x-tenant"
 ATTEMPT_HEADER = "x-attempt"
+# kombu's `compression=` keeps content_encoding 'utf-8' and names the transform here.
+KOMBU_COMPRESSION_HEADER = "compression"
 REASON_HEADER = "x-reason"
 # aiormq gives any message published without a message_id a random one; when we
 # move such a message to a dead-letter queue this header keeps it marked as
@@ -118,6 +127,11 @@ def attempt_of(message: aio_pika.abc.AbstractIncomingMessage) -> int:
     return min(max(raw, 1), MAX_ATTEMPT)
 
 
+def names_utf8(charset: str) -> bool:
+    """`UTF-8` in any case, with or without its hyphen (`utf8`, `UTF_8`), spaces around."""
+    return charset.strip().strip('"').lower().replace("-", "").replace("_", "") == "utf8"
+
+
 def is_json_media_type(content_type: str) -> bool:
     """`application/json`, any case, with parameters, in UTF-8 if a charset is named."""
     media_type, _, parameters = content_type.partition(";")
@@ -125,12 +139,16 @@ def is_json_media_type(content_type: str) -> bool:
         return False
     for parameter in parameters.split(";"):
         name, _, value = parameter.partition("=")
-        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in (
-            "utf-8",
-            "utf8",
-        ):
+        if name.strip().lower() == "charset" and not names_utf8(value):
             return False
     return True
+
+
+def is_plain_text_encoding(content_encoding: str | None) -> bool:
+    """No content encoding, `identity`, or one that names the text's charset as UTF-8."""
+    if not content_encoding:
+        return True
+    return content_encoding.strip().lower() == "identity" or names_utf8(content_encoding)
 
 
 def deeper_than(value: Any, limit: int) -> bool:
@@ -185,10 +203,11 @@ def decode(
         return BadInput.BODY_TOO_LARGE
     if message.content_type and not is_json_media_type(message.content_type):
         return BadInput.UNSUPPORTED_CONTENT_TYPE
-    encoding = message.content_encoding
-    if encoding and encoding.strip().lower() != "identity":
-        return BadInput.UNSUPPORTED_CONTENT_ENCODING
     headers = message.headers or {}
+    if not is_plain_text_encoding(message.content_encoding) or headers.get(
+        KOMBU_COMPRESSION_HEADER
+    ):
+        return BadInput.UNSUPPORTED_CONTENT_ENCODING
     message_id = message.message_id
     if not message_id or headers.get(NO_MESSAGE_ID_HEADER):
         return BadInput.MISSING_MESSAGE_ID

@@ -96,7 +96,7 @@ _CONTENT_TYPES = (
     "application/jsonx",
     "text/plain",
 )
-_ENCODINGS = ("identity", "IDENTITY", "gzip", "")
+_ENCODINGS = ("identity", "IDENTITY", "utf-8", "UTF8", "gzip", "deflate", "binary", "")
 
 
 def _json_value() -> st.SearchStrategy[object]:

@@ -1,0 +1,203 @@
+"""Jobs published by the world's clients, pika and kombu themselves, into a real worker.
+
+kombu's JSON serializer sets `content_encoding='utf-8'` on every message and
+pika users often do the same: for a JSON body that names the text's charset,
+not a transform, so each such job has its one effect. A real transform
+(gzip, deflate, binary, kombu's `compression`) is refused as
+`unsupported_content_encoding`. Every job is published twice with the same
+message_id (a publisher's retry): one effect each, never a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import zlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aio_pika
+import kombu
+import pika
+
+from consumers.envelope import REASON_HEADER
+from dedupe import DbConnection
+from tests.conftest import AMQP_URL, Spawn
+from tests.support import WorkerProcess, drain_dead_letters, wait_declared, wait_for
+
+OUTCOMES = ("effect_committed", "duplicate_ignored", "dead_lettered", "retry_scheduled")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PikaJob:
+    message_id: str
+    body: bytes
+    content_type: str | None = "application/json"
+    content_encoding: str | None = None
+
+
+def pika_publish(queue: str, jobs: Sequence[PikaJob], *, times: int = 2) -> None:
+    """Publish each job `times` times, as pika's own tutorial does, with confirms."""
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for _ in range(times):
+            for job in jobs:
+                channel.basic_publish(
+                    exchange="",
+                    routing_key=queue,
+                    body=job.body,
+                    properties=pika.BasicProperties(
+                        message_id=job.message_id,
+                        content_type=job.content_type,
+                        content_encoding=job.content_encoding,
+                        delivery_mode=pika.DeliveryMode.Persistent,
+                    ),
+                    mandatory=True,
+                )
+    finally:
+        connection.close()
+
+
+def kombu_publish(
+    queue: str, bodies: dict[str, dict[str, int]], *, times: int = 2, compression: str | None = None
+) -> None:
+    """Publish each body `times` times with kombu's JSON serializer, as Celery services do."""
+    with kombu.Connection(AMQP_URL) as connection:
+        producer = connection.Producer(serializer="json")
+        for _ in range(times):
+            for message_id, body in bodies.items():
+                producer.publish(
+                    body,
+                    exchange="",
+                    routing_key=queue,
+                    message_id=message_id,
+                    delivery_mode=2,
+                    compression=compression,
+                    retry=True,
+                )
+
+
+async def effects_by_id(db: DbConnection) -> dict[str, int]:
+    rows = await db.fetch("SELECT message_id, count(*) AS n FROM effects GROUP BY message_id")
+    return {r["message_id"]: r["n"] for r in rows}
+
+
+async def claims(db: DbConnection) -> int:
+    count: int = await db.fetchval("SELECT count(*) FROM processed_messages")
+    return count
+
+
+def outcomes(worker: WorkerProcess) -> Counter[tuple[str, str]]:
+    """(message_id, outcome) of every outcome line the worker logged."""
+    return Counter(
+        (str(line.get("message_id")), name) for name in OUTCOMES for line in worker.events(name)
+    )
+
+
+async def wait_outcomes(worker: WorkerProcess, n: int) -> Counter[tuple[str, str]]:
+    """Wait until the worker has logged `n` outcome lines (one per delivery); return them."""
+
+    async def logged() -> bool:
+        return sum(outcomes(worker).values()) >= n
+
+    await wait_for(logged, timeout=60)
+    return outcomes(worker)
+
+
+def body(n: int) -> bytes:
+    return json.dumps({"n": n}).encode()
+
+
+ACCEPTED = [
+    PikaJob(message_id="plain", body=body(1)),
+    PikaJob(message_id="charset", body=body(2), content_type="application/json; charset=utf-8"),
+    PikaJob(message_id="utf-8", body=body(3), content_encoding="utf-8"),
+    PikaJob(message_id="UTF-8", body=body(4), content_encoding="UTF-8"),
+    PikaJob(message_id="utf8", body=body(5), content_encoding="utf8"),
+    PikaJob(
+        message_id="both",
+        body=body(6),
+        content_type="application/json; charset=UTF-8",
+        content_encoding="UTF-8",
+    ),
+    PikaJob(message_id="no-type", body=body(7), content_type=None),
+]
+
+
+async def test_pika_jobs_in_every_usual_form_have_one_effect_each_retry_included(
+    db: DbConnection, queue_name: str, spawn: Spawn, channel: aio_pika.abc.AbstractChannel
+) -> None:
+    worker = spawn()
+    await wait_declared(AMQP_URL, queue_name)
+    await asyncio.to_thread(pika_publish, queue_name, ACCEPTED)
+    seen = await wait_outcomes(worker, 2 * len(ACCEPTED))
+    ids = [job.message_id for job in ACCEPTED]
+    assert seen == Counter(
+        {
+            **{(i, "effect_committed"): 1 for i in ids},
+            **{(i, "duplicate_ignored"): 1 for i in ids},
+        }
+    )
+    assert await effects_by_id(db) == dict.fromkeys(ids, 1)
+    assert await drain_dead_letters(channel, queue_name) == []
+
+
+async def test_kombu_json_jobs_have_one_effect_each_retry_included(
+    db: DbConnection, queue_name: str, spawn: Spawn, channel: aio_pika.abc.AbstractChannel
+) -> None:
+    worker = spawn()
+    await wait_declared(AMQP_URL, queue_name)
+    bodies = {f"kombu-{n}": {"n": n} for n in range(3)}
+    await asyncio.to_thread(kombu_publish, queue_name, bodies)
+    seen = await wait_outcomes(worker, 2 * len(bodies))
+    assert seen == Counter(
+        {
+            **{(i, "effect_committed"): 1 for i in bodies},
+            **{(i, "duplicate_ignored"): 1 for i in bodies},
+        }
+    )
+    assert await effects_by_id(db) == dict.fromkeys(bodies, 1)
+    assert await drain_dead_letters(channel, queue_name) == []
+
+
+async def test_kombu_sets_the_utf8_content_encoding_this_suite_accepts(
+    channel: aio_pika.abc.AbstractChannel, queue_name: str
+) -> None:
+    """What kombu puts on the wire, read back: the case above is the one the issue saw."""
+    await channel.declare_queue(queue_name, durable=True)
+    await asyncio.to_thread(kombu_publish, queue_name, {"seen": {"n": 1}}, times=1)
+    queue = await channel.get_queue(queue_name)
+    message = await queue.get(no_ack=True, timeout=10)
+    assert (message.content_type, message.content_encoding) == ("application/json", "utf-8")
+    assert message.message_id == "seen"
+
+
+REFUSED = [
+    PikaJob(message_id="gzip", body=gzip.compress(body(1)), content_encoding="gzip"),
+    PikaJob(message_id="deflate", body=zlib.compress(body(2)), content_encoding="deflate"),
+    PikaJob(message_id="binary", body=body(3), content_encoding="binary"),
+    PikaJob(message_id="latin-1", body=body(4), content_encoding="latin-1"),
+]
+
+
+async def test_real_transforms_stay_refused_with_their_reason(
+    db: DbConnection, queue_name: str, spawn: Spawn, channel: aio_pika.abc.AbstractChannel
+) -> None:
+    worker = spawn()
+    await wait_declared(AMQP_URL, queue_name)
+    await asyncio.to_thread(pika_publish, queue_name, REFUSED, times=1)
+    await asyncio.to_thread(
+        kombu_publish, queue_name, {"kombu-gzip": {"n": 5}}, times=1, compression="gzip"
+    )
+    ids = [*(job.message_id for job in REFUSED), "kombu-gzip"]
+    seen = await wait_outcomes(worker, len(ids))
+    assert seen == Counter({(i, "dead_lettered"): 1 for i in ids})
+    dead = await drain_dead_letters(channel, queue_name)
+    reasons = {d.message_id: d.headers[REASON_HEADER] for d in dead}
+    assert reasons == dict.fromkeys(ids, "unsupported_content_encoding")
+    assert await effects_by_id(db) == {}
+    assert await claims(db) == 0
