@@ -23,7 +23,10 @@ SEND_EXTRA: dict[str, Any] = {
             "name": "Idempotency-Key",
             "in": "header",
             "required": False,
-            "description": "The key, if not in the body: 1 to 128 bytes of UTF-8, no NUL",
+            "description": (
+                "The key, if not in the body: 1 to 128 bytes of UTF-8, no NUL; plain,"
+                " or quoted as an RFC 8941 sf-string (the same key)"
+            ),
             "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_BYTES},
         }
     ],

@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from dedupe import Messages
 from ingress.commit import Committer
 from ingress.keys import ApiKeys
-from ingress.models import MAX_KEY_BYTES, SendRequest
-from ingress.refusals import UNAUTHORIZED, Refusal, field_name, invalid
+from ingress.models import SendRequest
+from ingress.refusals import UNAUTHORIZED, field_name, invalid
 from ingress.settings import IngressSettings
 
 
@@ -73,17 +73,16 @@ class SendHeaders:
 
     authorization: str = ""
     content_type: str = "application/json"
-    idempotency_key: str | None = None
+    idempotency_key: bytes | None = None  # as sent: ingress.idempotency reads it
 
     @classmethod
     def read(cls, request: Request) -> SendHeaders:
         # ASGI servers give the names lower case; reversed: a repeated header's first stands
         found: dict[bytes, bytes] = dict(reversed(request.scope["headers"]))
-        key = found.get(b"idempotency-key")
         return cls(
             authorization=found.get(b"authorization", b"").decode("latin-1"),
             content_type=found.get(b"content-type", b"application/json").decode("latin-1"),
-            idempotency_key=None if key is None else key.decode("latin-1"),
+            idempotency_key=found.get(b"idempotency-key"),
         )
 
 
@@ -110,19 +109,3 @@ def validated(content_type: str, raw_body: bytes) -> SendRequest:
         raise invalid(
             *((field_name(("body", *e["loc"])), e["msg"]) for e in exc.errors())
         ) from None
-
-
-def one_key(in_body: str | None, in_header: str | None) -> str:
-    """The idempotency key, from the body or the header; 400 when both differ or neither."""
-    if in_body is not None and in_header is not None and in_body != in_header:
-        raise invalid(
-            ("idempotency_key", "the body and the Idempotency-Key header give different keys")
-        )
-    key = in_body if in_body is not None else in_header
-    if key is None:
-        raise Refusal(400, {"error": "idempotency_key_required"})
-    if not key or len(key.encode()) > MAX_KEY_BYTES:
-        raise invalid(("idempotency_key", f"1 to {MAX_KEY_BYTES} bytes of UTF-8"))
-    if "\x00" in key:  # PostgreSQL's text cannot hold it: the group's statement would fail
-        raise invalid(("idempotency_key", "no NUL (U+0000) character"))
-    return key

@@ -24,9 +24,10 @@ import structlog
 from fastapi import APIRouter, Request, Response
 
 from dedupe import Acceptance, MessageStatus, NewMessage, fingerprint, parse_message_id
+from ingress.idempotency import one_key
 from ingress.models import Cancelled, ErrorBody, MessageOut, NotCancellable, Queued
 from ingress.openapi import ERRORS, REPLAYED_HEADER, SEND_EXTRA, SEND_RESPONSES
-from ingress.reading import SendHeaders, Tenant, one_key, running_of, tenant_for, validated
+from ingress.reading import SendHeaders, Tenant, running_of, tenant_for, validated
 from ingress.refusals import NOT_FOUND, json_response
 
 log = structlog.get_logger(__name__)
