@@ -6,12 +6,12 @@ STAMP := $(VENV)/.installed
 # Every package the linters read (add a new top-level package here).
 SOURCES := consumers dedupe ingress providers proving tests
 
-.PHONY: install demo test check ci lint typecheck imports bench chaos chaos-cluster clean services wheel
+.PHONY: install demo test check ci lint typecheck imports docs deploy-check bench chaos chaos-cluster clean services wheel
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[demo,bench]' --group dev
+	$(PY) -m pip install --quiet -e '.[demo,bench]' --group dev --group docs
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -40,6 +40,21 @@ typecheck: install
 imports: install
 	$(VENV)/bin/lint-imports
 
+# The docs site (mkdocs.yml, docs/) into site/: strict, so a broken link, a
+# missing anchor or an API reference that names nothing fails the build.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# deploy/ against the real schemas, offline: the Kubernetes manifests for every
+# Kubernetes version deploy/README.md claims, the compose files against the
+# Compose specification (no cluster and no Docker daemon are needed).
+K8S_VERSIONS := 1.30.0 1.31.0 1.32.0 1.33.0 1.34.0
+deploy-check: install
+	for v in $(K8S_VERSIONS); do \
+		$(VENV)/bin/kubernetes-validate --strict --kubernetes-version $$v deploy/k8s/*.yaml || exit 1; \
+	done
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml deploy/compose.yaml
+
 bench: install services
 	$(PY) -m consumers bench
 
@@ -58,7 +73,7 @@ chaos-cluster: install
 check: lint typecheck imports test
 
 # What .ci/run runs, in its order.
-ci: lint typecheck imports wheel test
+ci: lint typecheck imports docs deploy-check wheel test
 
 # The wheel as users get it, installed into a fresh venv, runs the demo:
 # a module missing from the wheel fails here, not on a user's machine.
@@ -71,4 +86,4 @@ wheel: install services
 	cd /tmp && $(CURDIR)/.wheel-venv/bin/idempotent-workers demo --jobs 1000 --pushes 100
 
 clean:
-	rm -rf $(VENV) .wheel-venv dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .wheel-venv dist site .pytest_cache .mypy_cache .ruff_cache
