@@ -48,10 +48,10 @@ docs: install
 # deploy/ against the real schemas, offline: the Kubernetes manifests for every
 # Kubernetes version deploy/README.md claims, the compose files against the
 # Compose specification (no cluster and no Docker daemon are needed).
-K8S_VERSIONS := 1.30.0 1.31.0 1.32.0 1.33.0 1.34.0
+K8S_VERSIONS := 1.30.0 1.31.0 1.32.0 1.33.0 1.34.0 1.35.0 1.36.0 1.37.0
 deploy-check: install
 	for v in $(K8S_VERSIONS); do \
-		$(VENV)/bin/kubernetes-validate --strict --kubernetes-version $$v deploy/k8s/*.yaml || exit 1; \
+		$(VENV)/bin/kubernetes-validate --strict --quiet --kubernetes-version $$v deploy/k8s/*.yaml || exit 1; \
 	done
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml deploy/compose.yaml
 
