@@ -3,6 +3,7 @@ the outbox, the HTTP send API's messages, compare-and-set transitions."""
 
 from dedupe.connection import DbConnection
 from dedupe.errors import (
+    CommitOutcomeUnknown,
     DedupeError,
     KeyVanished,
     MigrationError,
@@ -36,6 +37,7 @@ from dedupe.messages import (
 )
 from dedupe.migrate import available_migrations, check_schema, migrate, quote_ident
 from dedupe.outbox import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure
+from dedupe.replication import is_replication_cancel, replicated
 from dedupe.retention import CleanerBusy, CleanupResult, Retention, cleanup
 from dedupe.stats import OUTBOX_COUNT_CAP, TableStats, table_stats
 from dedupe.transition import Transition, transition
@@ -52,6 +54,7 @@ __all__ = [
     "ClaimRow",
     "CleanerBusy",
     "CleanupResult",
+    "CommitOutcomeUnknown",
     "DbConnection",
     "DedupeError",
     "DedupeKey",
@@ -85,11 +88,13 @@ __all__ = [
     "cleanup",
     "fingerprint",
     "is_plain",
+    "is_replication_cancel",
     "job_message_id",
     "look_up",
     "migrate",
     "parse_message_id",
     "quote_ident",
+    "replicated",
     "table_stats",
     "transition",
 ]

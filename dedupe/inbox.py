@@ -11,6 +11,16 @@ deadlock. The unique index decides races between workers: a second claimant
 waits on the index until the first commits, then sees the conflict. Only when
 some key conflicted does a second statement read the stored fingerprints; it
 runs in a fresh snapshot, so it sees rows committed while we waited.
+
+A key found claimed may be a commit the primary kept after its wait for the
+synchronous standby was cancelled (`dedupe.replication`): visible here, not
+yet on the standby. PostgreSQL's COMMIT waits for a standby only when the
+transaction wrote WAL (xact.c, RecordTransactionCommit): a batch of
+duplicates alone writes none, and would be acknowledged on a claim a failover
+loses. So the second statement locks the rows it reads (FOR KEY SHARE, one
+WAL record each): the COMMIT then returns only once the standby has
+everything before it, the first claim included. A duplicate is acknowledged
+on a replicated claim, never on a local one.
 """
 
 from __future__ import annotations
@@ -62,6 +72,7 @@ class Inbox:
             f"SELECT p.consumer, p.tenant, p.message_id, p.fingerprint FROM {table} p"
             " JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(consumer, tenant, message_id)"
             " USING (consumer, tenant, message_id)"
+            " FOR KEY SHARE OF p"  # WAL written: the COMMIT waits for the standby
         )
 
     async def claim(self, tx: DbConnection, claims: Sequence[Claim]) -> list[ClaimOutcome]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncpg
 
+from dedupe.errors import CommitOutcomeUnknown
+
 # Errors after which the same statements may well succeed: retry the message.
 TRANSIENT_SQL_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.SerializationError,
@@ -27,6 +29,10 @@ class DatabaseConnectionClosed(Exception):
 # unusable: the whole batch is re-run once the database answers again.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     DatabaseConnectionClosed,
+    # A commit the primary kept after its wait for the synchronous standby was
+    # cancelled (dedupe.replication): as unknown as a commit cut off mid-way.
+    # The re-run's claims find the keys and wait for the standby before any ack.
+    CommitOutcomeUnknown,
     OSError,
     asyncpg.InterfaceError,
     asyncpg.PostgresConnectionError,

@@ -130,13 +130,13 @@ class Messages:
             " SELECT w.message_id IS NOT NULL, k.fingerprint, coalesce(w.message_id, k.message_id)"
             " FROM input i LEFT JOIN won w ON w.message_id = i.id"
             f" LEFT JOIN LATERAL ({self._key_lookup('i.tenant', 'i.idempotency_key')}"
-            "  AND w.message_id IS NULL LIMIT 1) k ON true"
+            "  AND w.message_id IS NULL LIMIT 1 FOR KEY SHARE) k ON true"
             " ORDER BY i.n"
         )
         self._find_keys_sql = (
             "SELECT x.t, x.ik, k.fingerprint, k.message_id"
             " FROM unnest($1::text[], $2::text[]) AS x(t, ik)"
-            f" JOIN LATERAL ({self._key_lookup('x.t', 'x.ik')} LIMIT 1) k ON true"
+            f" JOIN LATERAL ({self._key_lookup('x.t', 'x.ik')} LIMIT 1 FOR KEY SHARE) k ON true"
         )
 
     def _key_lookup(self, tenant: str, key: str) -> str:
@@ -146,6 +146,10 @@ class Messages:
         are prepared, and a generic plan made while the table was empty joined
         it by a sequential scan, which then cost every commit the whole table
         (LIMIT keeps the subquery from being merged into a plain join).
+        Callers lock the row they read (FOR KEY SHARE): the WAL record makes
+        the statement's commit wait for the synchronous standby, so a
+        duplicate is answered only once the first request's rows are
+        replicated (`dedupe.replication`).
         """
         return (
             f"SELECT fingerprint, message_id FROM {self._keys}"

@@ -13,8 +13,11 @@ all. The lane keeps its connection (no pool acquire and reset per commit)
 until the connection fails.
 
 Until the commit returns no request is answered, so a 202 always names
-committed rows. A group the database refuses stores nothing (one
-statement); then:
+committed rows; with synchronous replication, rows the standby has too: a
+commit whose wait for the standby was cancelled (`dedupe.replication`) is
+answered as a lost connection, and the client's retry with the same key gets
+its 202 once the first commit is replicated. A group the database refuses
+stores nothing (one statement); then:
 - the connection failed (unreachable, terminated, timed out): every request
   of the group gets the error (503; the client retries with the same key,
   which is safe whether or not the commit happened);
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 import asyncpg
 import structlog
 
-from dedupe import Accepted, Messages, NewMessage
+from dedupe import Accepted, Messages, NewMessage, replicated
 from dedupe.lost import CONNECTION_ERRORS
 
 log = structlog.get_logger(__name__)
@@ -106,9 +109,9 @@ class Committer:
     async def _settle(self, lane: _Lane, batch: list[Submission]) -> None:
         """Answer every request of `batch`: its outcome, or the error that stopped it."""
         try:
-            answers = await self._messages.accept(
-                await lane.connection(), [s.message for s in batch]
-            )
+            conn = await lane.connection()
+            async with replicated(conn):  # a cancelled wait for the standby: no 202 on it
+                answers = await self._messages.accept(conn, [s.message for s in batch])
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from consumers import (
 from consumers.broker.topology import delete
 from dedupe import DbConnection, migrate, quote_ident
 from proving.chaos.cluster import LocalCluster
+from proving.chaos.replicas import StandbyPair
 from tests.apps.effects import FAST_RETRY
 from tests.harness import Harness
 from tests.support import WorkerProcess
@@ -68,6 +70,15 @@ async def local_cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
     """A 3-node RabbitMQ cluster of its own, on free ports; killed after, whatever happens."""
     async with LocalCluster(tmp_path / "cluster") as cluster:
         yield cluster
+
+
+@pytest.fixture
+async def standby_pair() -> AsyncIterator[StandbyPair]:
+    """A PostgreSQL primary and its synchronous standby of their own; killed after."""
+    workdir = Path(tempfile.mkdtemp(prefix="iw-pair-"))
+    os.chmod(workdir, 0o755)  # the servers run as the postgres user
+    async with StandbyPair(workdir) as pair:
+        yield pair
 
 
 @pytest.fixture

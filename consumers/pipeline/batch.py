@@ -17,7 +17,8 @@ time. The fast path's deadline is one timer for the whole batch
 (`consumers.pipeline.deadline`); the careful path pays a timer per handler.
 
 A failure of the framework's own database calls (a lost connection, a commit
-whose outcome is unknown, a handler's connection found closed) re-runs the
+whose outcome is unknown, a COMMIT whose wait for the synchronous standby was
+cancelled, a handler's connection found closed) re-runs the
 whole batch once the database answers: the claims make a repeat harmless, and
 nothing is acked before a commit. A database that stays away through every
 re-run raises DatabaseUnavailable, and each message of the batch is retried
@@ -52,7 +53,7 @@ from consumers.pipeline.deliveries import Delivery, Item, Verdicts, decode_batch
 from consumers.pipeline.settle import Dispatcher
 from consumers.settings import WorkerSettings
 from consumers.telemetry.metrics import ConsumerMetrics
-from dedupe import Claim, ClaimOutcome, DbConnection, Inbox, Outbox
+from dedupe import Claim, ClaimOutcome, DbConnection, Inbox, Outbox, replicated
 from dedupe.lost import CONNECTION_ERRORS, TRANSIENT_SQL_ERRORS, DatabaseConnectionClosed
 
 log = structlog.get_logger(__name__)
@@ -164,7 +165,8 @@ class BatchRunner:
             except BaseException:
                 await rollback_quietly(tx)
                 raise
-            await tx.commit()  # <- effects and claims are durable from here on
+            async with replicated(conn):  # a cancelled wait for the standby: unknown, re-run
+                await tx.commit()  # <- effects and claims are durable from here on
         return verdicts
 
     async def _effects_fast(self, conn: DbConnection, fresh: list[Item], claimed: Verdicts) -> None:

@@ -84,6 +84,7 @@ from dedupe import (
     SendStatus,
     TargetKey,
     parse_message_id,
+    replicated,
 )
 from providers import (
     Provider,
@@ -201,7 +202,8 @@ class PushRunner:
         items = list(jobs)
         sends: list[Send] = []
         verdicts: Verdicts = {}
-        async with self.pool.acquire() as conn, conn.transaction():
+        # A cancelled wait for the standby: unknown, the batch re-runs (dedupe.replication).
+        async with self.pool.acquire() as conn, replicated(conn), conn.transaction():
             claims = [
                 Claim(key=i.envelope.key, fingerprint=i.envelope.fingerprint)
                 for i in items
@@ -400,7 +402,8 @@ class PushRunner:
             except BaseException:
                 await rollback_quietly(tx)
                 raise
-            await tx.commit()  # <- answers durable; only now may the jobs be acked
+            async with replicated(conn):  # a cancelled wait for the standby: unknown
+                await tx.commit()  # <- answers durable; only now may the jobs be acked
         lines = outcome_lines()  # the sent lines (most of them) without structlog's chain
         for answer in answers:
             recorded_now = answer.send.target in recorded

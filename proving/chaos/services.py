@@ -220,7 +220,8 @@ class PrivatePostgres(_Service):
     crash_signal = signal.SIGQUIT  # immediate shutdown: crash recovery on the next start
     user = "postgres"
 
-    def __init__(self, base: Path, port: int) -> None:
+    def __init__(self, base: Path, port: int, *, settings: Mapping[str, str] | None = None) -> None:
+        """One server; `settings` go on its command line (`-c name=value`)."""
         self.base = base
         self.data = base / "data"
         self.sockets = base / "sockets"
@@ -243,6 +244,7 @@ class PrivatePostgres(_Service):
                     "shared_buffers=64MB",
                     "-c",
                     "log_min_messages=warning",
+                    *(f"-c{name}={value}" for name, value in (settings or {}).items()),
                 ],
                 env=env,
                 log=base / "postgres.out",
