@@ -22,7 +22,7 @@ import aio_pika
 import kombu
 import pika
 
-from consumers.envelope import REASON_HEADER
+from consumers import REASON_HEADER
 from dedupe import DbConnection
 from tests.conftest import AMQP_URL, Spawn
 from tests.support import WorkerProcess, drain_dead_letters, wait_declared, wait_for
