@@ -28,15 +28,16 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
+from proving.chaos.rabbitmqctl import PATIENCE_S, ClusterCommandError, queue_state, rabbitmqctl
 from proving.chaos.services import PrivateRabbit, ServiceError, remove_tree
 
-SBIN = Path("/usr/lib/rabbitmq/bin")
 NODE_PREFIX = "iwcluster-"
+# How long a node's queues may take to have their leader and every member online again.
+ONLINE_PATIENCE_S = 120.0
 
 
 def free_port() -> int:
@@ -85,10 +86,6 @@ def kill_leftover_nodes() -> int:
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed += 1
     return killed
-
-
-class ClusterCommandError(Exception):
-    """A rabbitmqctl or rabbitmq-queues call failed."""
 
 
 class LocalCluster:
@@ -178,38 +175,25 @@ class LocalCluster:
         *args: str,
         node: PrivateRabbit | None = None,
         tool: str = "rabbitmqctl",
-        patience: float = 60.0,
+        patience: float = PATIENCE_S,
     ) -> str:
         """`tool -n NODE args...`'s output; NODE: `node`, or the first running one."""
         target = node or (self.running() or self.nodes)[0]
-        proc = await asyncio.create_subprocess_exec(
-            str(SBIN / tool),
-            "-n",
-            target.node,
-            "-q",
-            *args,
-            env={
-                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "HOME": str(self.home),
-                "LANG": "C.UTF-8",
-            },
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
+        return await rabbitmqctl(target.node, self.home, *args, tool=tool, patience=patience)
+
+    async def state(self) -> list[str]:
+        """The nodes up (as their processes and the cluster see them), and every queue's."""
+        up = [n.node for n in self.running()]
+        lines = [f"nodes running (processes): {' '.join(up) or 'none'}"]
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), patience)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise ClusterCommandError(
-                f"{tool} {' '.join(args)}: no answer in {patience} s"
-            ) from None
-        if proc.returncode != 0:
-            raise ClusterCommandError(
-                f"{tool} -n {target.node} {' '.join(args)}: {err.decode(errors='replace').strip()}"
+            status = json.loads(
+                await self.ctl("cluster_status", "--formatter", "json", patience=10)
             )
-        return out.decode()
+            lines.append(f"nodes running (cluster): {' '.join(status.get('running_nodes', []))}")
+            lines += await queue_state(self.running()[0].node, self.home)
+        except (ClusterCommandError, json.JSONDecodeError, IndexError) as exc:
+            lines.append(f"cluster state: {exc}")
+        return lines
 
     async def queues(self, names: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
         """name -> {leader, members, online} of the quorum queues, asked of a running node."""
@@ -241,7 +225,7 @@ class LocalCluster:
             return None
         return self.node_named(leader)
 
-    async def wait_online(self, queues: Sequence[str], patience: float = 120.0) -> None:
+    async def wait_online(self, queues: Sequence[str], patience: float = ONLINE_PATIENCE_S) -> None:
         """Until each of `queues` has a leader and every node online as a member."""
         deadline = asyncio.get_running_loop().time() + patience
         want = len(self.nodes)

@@ -28,7 +28,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from proving.chaos.rabbitmqctl import ClusterCommandError, queue_state
+
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+START_PATIENCE_S = 60.0  # a start that is not up by then fails
+STOP_PATIENCE_S = 60.0  # a stop that has not ended by then SIGKILLs
+RECOVERY_S = STOP_PATIENCE_S + START_PATIENCE_S  # the longest a restart may take
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 _PR_SET_PDEATHSIG = 1
 
@@ -46,12 +51,12 @@ def _dies_with_parent(sig: signal.Signals) -> Callable[[], None]:
 
 async def _port_open(port: int) -> bool:
     try:
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError:
+        _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
+    except (OSError, TimeoutError):
         return False
     writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
+    with contextlib.suppress(OSError, TimeoutError):
+        await asyncio.wait_for(writer.wait_closed(), 5)
     return True
 
 
@@ -84,7 +89,7 @@ class _Service:
     name = "service"
     stop_signal = signal.SIGTERM
     crash_signal = signal.SIGKILL
-    start_timeout = 60.0
+    start_timeout = START_PATIENCE_S
 
     def __init__(self, child: _Child, port: int) -> None:
         self.child = child
@@ -108,7 +113,7 @@ class _Service:
     async def _ready(self) -> bool:
         return await _port_open(self.port)
 
-    async def stop(self, *, crash: bool = False, patience: float = 60.0) -> None:
+    async def stop(self, *, crash: bool = False, patience: float = STOP_PATIENCE_S) -> None:
         """Stop cleanly, or crash (`crash=True`); wait until the process is gone."""
         proc = self.proc
         if proc is None or proc.poll() is not None:
@@ -207,7 +212,17 @@ class PrivateRabbit(_Service):
             port,
         )
         self.node = node
+        self.home = base
         self.url = f"amqp://guest:guest@127.0.0.1:{port}/"
+
+    async def state(self) -> list[str]:
+        """Whether the node runs, and its queues' ready / unacked / consumers."""
+        if self.proc is None or self.proc.poll() is not None:
+            return [f"node {self.node}: not running"]
+        try:
+            return [f"node {self.node}: running", *await queue_state(self.node, self.home)]
+        except ClusterCommandError as exc:
+            return [f"node {self.node}: running; queues: {exc}"]
 
     async def _ready(self) -> bool:
         # The AMQP listener opens last, once the boot steps (and recovery) are done.
@@ -255,6 +270,13 @@ class PrivatePostgres(_Service):
         )
         self.url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
+    async def state(self) -> list[str]:
+        running = self.proc is not None and self.proc.poll() is None
+        ready = running and await asyncio.wait_for(self._ready(), 10)
+        return [
+            f"postgresql :{self.port}: {'ready' if ready else 'running' if running else 'down'}"
+        ]
+
     def _os_user(self) -> str | None:
         # initdb and postgres refuse to run as root.
         return self.user if os.geteuid() == 0 else None
@@ -301,7 +323,7 @@ class PrivatePostgres(_Service):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        return await check.wait() == 0
+        return await asyncio.wait_for(check.wait(), 10) == 0  # pg_isready gives up in 3 s
 
 
 def remove_tree(path: Path) -> None:
