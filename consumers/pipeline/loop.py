@@ -22,6 +22,9 @@ from consumers.telemetry.metrics import ConsumerMetrics
 
 log = structlog.get_logger(__name__)
 
+# A consumer's cancel at stop: milliseconds from a broker that is there.
+CANCEL_TIMEOUT_SECONDS = 5.0
+
 
 class BatchLoop:
     """One channel's deliveries, settled one batch at a time, or `at_once` at a time.
@@ -128,6 +131,10 @@ class BatchLoop:
     async def cancel(self) -> None:
         self.stopping = True
         if self.queue is not None and self.consumer_tag is not None:
+            # A robust channel whose connection is down waits for it to be back
+            # before it sends anything: a broker that is gone would hold the stop
+            # for as long as it stays gone. Its consumers went with the connection.
             with contextlib.suppress(Exception):
-                await self.queue.cancel(self.consumer_tag)
+                async with asyncio.timeout(CANCEL_TIMEOUT_SECONDS):
+                    await self.queue.cancel(self.consumer_tag)
         self.wake.set()
