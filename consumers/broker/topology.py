@@ -8,7 +8,9 @@
 
 Publishers send to the default exchange with the queue's name as routing key.
 Declaring is idempotent; declaring with other arguments than an existing
-queue has is refused by the broker (PRECONDITION_FAILED).
+queue has is refused by the broker (PRECONDITION_FAILED): the worker checks
+every queue first (`consumers.broker.conflicts`), and a refusal here still is
+a `TopologyConflict`, never a failure to retry.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 import aio_pika
+import aiormq
 
+from consumers.broker.conflicts import QueueDeclaration, TopologyConflict
 from consumers.handlers.retry import RetryPolicy, dead_letter_queue, tier_queue
 from consumers.settings import AmqpSettings, QueueType
 
@@ -47,23 +51,39 @@ def tier_arguments(queue: str, tier_seconds: float, settings: AmqpSettings) -> d
     return args
 
 
+def declarations(queue: str, retry: RetryPolicy, settings: AmqpSettings) -> list[QueueDeclaration]:
+    """The queues of one handler, in the order `declare` makes them: dead letters, tiers, work."""
+    return [
+        QueueDeclaration(name=dead_letter_queue(queue), arguments=_type_args(settings)),
+        *(
+            QueueDeclaration(
+                name=tier_queue(queue, tier), arguments=tier_arguments(queue, tier, settings)
+            )
+            for tier in retry.tiers_seconds
+        ),
+        QueueDeclaration(name=queue, arguments=work_queue_arguments(queue, settings)),
+    ]
+
+
 async def declare(
     channel: aio_pika.abc.AbstractChannel,
     queue: str,
     retry: RetryPolicy,
     settings: AmqpSettings,
 ) -> aio_pika.abc.AbstractQueue:
-    """Declare the work queue, its retry tiers and its dead-letter queue."""
-    await channel.declare_queue(
-        dead_letter_queue(queue), durable=True, arguments=_type_args(settings)
-    )
-    for tier in retry.tiers_seconds:
-        await channel.declare_queue(
-            tier_queue(queue, tier), durable=True, arguments=tier_arguments(queue, tier, settings)
-        )
-    return await channel.declare_queue(
-        queue, durable=True, arguments=work_queue_arguments(queue, settings)
-    )
+    """Declare the work queue, its retry tiers and its dead-letter queue; return the work queue."""
+    declared: aio_pika.abc.AbstractQueue | None = None
+    for declaration in declarations(queue, retry, settings):
+        try:
+            declared = await channel.declare_queue(
+                declaration.name, durable=declaration.durable, arguments=dict(declaration.arguments)
+            )
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            # Declared otherwise since the check (or never checked): the same conflict.
+            refused = str(exc.args[0]) if exc.args else str(exc)
+            raise TopologyConflict(declaration, refused, {}) from exc
+    assert declared is not None
+    return declared
 
 
 async def delete(channel: aio_pika.abc.AbstractChannel, queue: str, retry: RetryPolicy) -> None:

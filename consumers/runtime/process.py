@@ -7,6 +7,9 @@
 3. the watchdog (`consumers.runtime.watchdog`): a handler blocking the event loop
    past its deadline plus the grace ends the process, non-zero;
 4. start the worker, consume until the signal, stop it (settle, ack, close).
+   A start a service failed exits EXIT_START_FAILED (3: a restart may cure
+   it); one the configuration refuses (a queue that exists with other
+   arguments) exits EXIT_CONFIG (78) with one `start_failed` line.
 
 Under a supervisor (`run --processes N`) the same runs in each child, without
 a port of its own: its metrics and health go to the supervisor through
@@ -23,6 +26,7 @@ import aio_pika
 import aiormq
 import structlog
 
+from consumers.broker.conflicts import TopologyConflict
 from consumers.handlers.app import load_app
 from consumers.message.verdict import error_text
 from consumers.retention.cleaner import clean_periodically
@@ -41,6 +45,10 @@ log = structlog.get_logger(__name__)
 # The exit status of a process whose start failed (a supervisor restarts it);
 # 0 is a stop that was asked for, a traceback's 1 a bug.
 EXIT_START_FAILED = 3
+# A start refused by the configuration (a queue that exists with other
+# arguments): EX_CONFIG of sysexits.h; restarting cannot cure it, so a
+# supervisor does not restart such a child and exits with it.
+EXIT_CONFIG = 78
 # What a start fails on that a restart may cure: a service down, a connection cut.
 START_FAILURES: tuple[type[BaseException], ...] = (
     *CONNECTION_ERRORS,
@@ -80,6 +88,18 @@ async def run_process(target: str, settings: Settings) -> int:
         # A failed start that lands in the same turn of the loop as SIGTERM is
         # an abandoned start too: the stop was asked for, the exit is 0.
         if starting in done and not stop_requested.is_set():
+            if isinstance(conflict := starting.exception(), TopologyConflict):
+                # One line that says what to change; the traceback would say nothing more.
+                log.error(
+                    "start_failed",
+                    error="topology_conflict",
+                    queue=conflict.queue,
+                    declared=conflict.declared,
+                    refused=conflict.refused,
+                    existing=conflict.existing,
+                    exit_code=EXIT_CONFIG,
+                )
+                return EXIT_CONFIG
             if isinstance(error := starting.exception(), START_FAILURES):
                 # A service down or a connection cut while starting (maybe with
                 # a first queue consuming already): not a stop that failed.

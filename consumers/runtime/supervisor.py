@@ -18,7 +18,10 @@ does it:
 4. a child that exits unasked is reaped (its live gauges dropped) and started
    again after a backoff that doubles with each recent death; more than
    `max_restarts` deaths within `window_seconds` and the supervisor stops
-   the others and exits 1: something is wrong that restarting will not fix.
+   the others and exits 1: something is wrong that restarting will not fix;
+5. a child that exits EXIT_CONFIG (78: its configuration was refused, a
+   queue exists with other arguments) is not restarted: the supervisor stops
+   the others and exits 78 itself, at once.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from pathlib import Path
 import asyncpg
 import structlog
 
+from consumers.runtime.process import EXIT_CONFIG
 from consumers.settings import Settings
 from consumers.telemetry.endpoint import Endpoint
 from consumers.telemetry.health import BEAT_SECONDS
@@ -137,7 +141,8 @@ class Supervisor:
         return code
 
     async def _supervise(self, directory: Path) -> int:
-        """Reap and restart children until a stop is asked for (0) or they keep dying (1)."""
+        """Reap and restart children until a stop is asked for (0), they keep dying (1)
+        or one's configuration was refused (78)."""
         stopping = asyncio.create_task(self._stop.wait())
         try:
             while True:
@@ -150,6 +155,9 @@ class Supervisor:
                     return 0
                 child, code = exited.result()
                 self._reap(child, code, directory)
+                if code == EXIT_CONFIG:  # the same start would be refused again
+                    log.error("process_config_refused", index=child.index, exit_code=code)
+                    return EXIT_CONFIG
                 now = time.monotonic()
                 self._deaths = [t for t in self._deaths if now - t < self.policy.window_seconds]
                 self._deaths.append(now)

@@ -1,6 +1,9 @@
 """The worker process: connections, consumers, batch loops, graceful stop.
 
-For each handler the worker declares the topology, opens `concurrency`
+Every queue of every handler is checked against what the broker holds before
+any is declared (`consumers.broker.conflicts`: a conflict is a
+`TopologyConflict`, and nothing is declared). Then for each handler the
+worker declares the topology, opens `concurrency`
 channels with `prefetch` each, and runs one batch loop per channel. A loop
 takes everything buffered (up to `max_batch`) as soon as the previous batch
 is settled: no timer, so a quiet queue gets latency of one commit and a busy
@@ -25,9 +28,10 @@ import aio_pika
 import asyncpg
 import structlog
 
+from consumers.broker.conflicts import check
 from consumers.broker.connection import connect
 from consumers.broker.headers import read_leniently
-from consumers.broker.topology import declare
+from consumers.broker.topology import declarations, declare
 from consumers.handlers.app import App
 from consumers.handlers.spec import HandlerSpec
 from consumers.message.decisions import ConfigurationError
@@ -105,6 +109,14 @@ class Worker:
         async with self.pool.acquire() as conn:
             await check_schema(conn, db.schema)
         self._connection = await connect(amqp.urls, name=f"idempotent-workers {self.worker_id}")
+        await check(
+            self._connection,
+            [
+                declaration
+                for spec in self.app.specs.values()
+                for declaration in declarations(spec.queue, spec.retry, amqp)
+            ],
+        )
         confirm_channel = await self._connection.channel(publisher_confirms=True)
         dispatcher = Dispatcher(confirm_channel, log_effects=self.log_effects, metrics=self.metrics)
         inbox = Inbox(db.schema)

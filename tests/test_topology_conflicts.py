@@ -1,0 +1,149 @@
+"""A queue someone else declared with other arguments: a configuration error, found first.
+
+Each case declares one of the worker's queues the way another client would
+(pika, as its tutorial does), then starts a real worker process. The
+promise: one `start_failed` JSON line naming the queue, what we declare, what
+the broker refused and what the queue holds; no traceback; exit 78
+(EX_CONFIG); nothing declared. Under `--processes N` the supervisor restarts
+no child and exits 78 itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import aio_pika
+import pika
+import pytest
+
+from consumers import AmqpSettings
+from consumers.broker.conflicts import TopologyConflict
+from consumers.broker.topology import declarations, declare, tier_arguments
+from consumers.handlers.retry import dead_letter_queue, tier_queue
+from consumers.runtime.process import EXIT_CONFIG
+from dedupe import DbConnection
+from tests.apps.effects import FAST_RETRY
+from tests.conftest import AMQP_URL, Spawn
+from tests.support import WorkerProcess
+
+TIER = FAST_RETRY.tiers_seconds[0]
+
+
+def pika_declare(queue: str, arguments: Mapping[str, Any] | None = None) -> None:
+    """`queue_declare(q, durable=True)`, as a publisher following pika's tutorial does."""
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        connection.channel().queue_declare(queue, durable=True, arguments=dict(arguments or {}))
+    finally:
+        connection.close()
+
+
+async def existing(queues: list[str]) -> list[str]:
+    """Those of `queues` that exist on the broker."""
+    found = []
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        for queue in queues:
+            channel = await connection.channel()
+            try:
+                await channel.declare_queue(queue, passive=True)
+                found.append(queue)
+                await channel.close()
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                pass
+    finally:
+        await connection.close()
+    return found
+
+
+def every_queue(queue: str) -> list[str]:
+    return [d.name for d in declarations(queue, FAST_RETRY, AmqpSettings(urls=(AMQP_URL,)))]
+
+
+def refused_start(worker: WorkerProcess) -> dict[str, Any]:
+    """The worker's one start_failed line; every line of its log is JSON (no traceback)."""
+    for text in worker.log_text().splitlines():
+        json.loads(text)  # a traceback line fails here, and shows itself
+    (line,) = worker.events("start_failed")
+    return line
+
+
+async def test_a_classic_work_queue_refuses_the_start_with_78_and_nothing_declared(
+    db: DbConnection, queue_name: str, spawn: Spawn
+) -> None:
+    await asyncio.to_thread(pika_declare, queue_name)
+    worker = spawn()
+    await worker.expect_exit(EXIT_CONFIG, timeout=60)
+    line = refused_start(worker)
+    assert line["queue"] == queue_name
+    assert line["declared"]["x-queue-type"] == "quorum"
+    assert line["refused"].startswith("PRECONDITION_FAILED")
+    # Every argument the broker compares that the classic queue lacks, its type
+    # included (a queue without x-queue-type is classic); it does not compare a
+    # classic queue's x-delivery-limit.
+    assert line["existing"] == {
+        "x-dead-letter-exchange": None,
+        "x-dead-letter-routing-key": None,
+        "x-queue-type": None,
+    }
+    assert await existing(every_queue(queue_name)) == [queue_name]
+
+
+async def test_a_quorum_work_queue_without_our_dead_letter_arguments_refuses_the_start(
+    db: DbConnection, queue_name: str, spawn: Spawn
+) -> None:
+    await asyncio.to_thread(pika_declare, queue_name, {"x-queue-type": "quorum"})
+    worker = spawn()
+    await worker.expect_exit(EXIT_CONFIG, timeout=60)
+    line = refused_start(worker)
+    assert line["queue"] == queue_name
+    assert line["declared"]["x-dead-letter-routing-key"] == dead_letter_queue(queue_name)
+    assert line["existing"] == {
+        "x-dead-letter-exchange": None,
+        "x-dead-letter-routing-key": None,
+        "x-delivery-limit": None,
+    }
+    assert await existing(every_queue(queue_name)) == [queue_name]
+
+
+async def test_a_retry_tier_with_another_ttl_refuses_the_start(
+    db: DbConnection, queue_name: str, spawn: Spawn
+) -> None:
+    tier = tier_queue(queue_name, TIER)
+    ours = tier_arguments(queue_name, TIER, AmqpSettings(urls=(AMQP_URL,)))
+    other_ttl = ours["x-message-ttl"] + 1
+    await asyncio.to_thread(pika_declare, tier, {**ours, "x-message-ttl": other_ttl})
+    worker = spawn()
+    await worker.expect_exit(EXIT_CONFIG, timeout=60)
+    line = refused_start(worker)
+    assert line["queue"] == tier
+    assert line["declared"]["x-message-ttl"] == ours["x-message-ttl"]
+    assert line["existing"] == {"x-message-ttl": other_ttl}
+    assert await existing(every_queue(queue_name)) == [tier]
+
+
+async def test_the_supervisor_restarts_no_child_refused_by_configuration_and_exits_78(
+    db: DbConnection, queue_name: str, spawn: Spawn
+) -> None:
+    await asyncio.to_thread(pika_declare, queue_name)
+    supervisor = spawn(args=["--processes", "2"])
+    await supervisor.expect_exit(EXIT_CONFIG, timeout=90)
+    assert supervisor.events("process_restart_scheduled") == []
+    assert [line["exit_code"] for line in supervisor.events("supervisor_stopped")] == [EXIT_CONFIG]
+    assert EXIT_CONFIG in {line["exit_code"] for line in supervisor.events("process_exited")}
+    assert "Traceback" not in supervisor.log_text()
+    assert await existing(every_queue(queue_name)) == [queue_name]
+
+
+async def test_a_conflict_the_declare_itself_meets_is_a_topology_conflict(
+    channel: aio_pika.abc.AbstractChannel, queue_name: str
+) -> None:
+    """Declared otherwise between the check and the declare: the same error, not a crash."""
+    await asyncio.to_thread(pika_declare, queue_name)
+    with pytest.raises(TopologyConflict) as raised:
+        await declare(channel, queue_name, FAST_RETRY, AmqpSettings(urls=(AMQP_URL,)))
+    assert raised.value.queue == queue_name
+    assert raised.value.refused.startswith("PRECONDITION_FAILED")
