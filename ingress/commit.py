@@ -36,7 +36,7 @@ import asyncpg
 import structlog
 
 from dedupe import Accepted, Messages, NewMessage, replicated
-from dedupe.lost import CONNECTION_ERRORS
+from dedupe.lost import CONNECTION_ERRORS, drop_if_demoted
 
 log = structlog.get_logger(__name__)
 
@@ -108,6 +108,7 @@ class Committer:
 
     async def _settle(self, lane: _Lane, batch: list[Submission]) -> None:
         """Answer every request of `batch`: its outcome, or the error that stopped it."""
+        conn = None
         try:
             conn = await lane.connection()
             async with replicated(conn):  # a cancelled wait for the standby: no 202 on it
@@ -117,6 +118,8 @@ class Committer:
         except Exception as exc:
             connection_failed = isinstance(exc, CONNECTION_ERRORS)
             if connection_failed:
+                if conn is not None:  # a demoted primary's is not handed out again
+                    drop_if_demoted(conn, exc)
                 await lane.drop()
             log.warning("ingress_commit_failed", requests=len(batch), error=repr(exc))
             if len(batch) > 1 and not connection_failed:

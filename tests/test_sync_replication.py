@@ -33,7 +33,7 @@ from tests.support import WorkerProcess, no_message_ready, wait_for
 ACKED = ("effect_committed", "duplicate_ignored")
 
 
-async def _prepare(url: str, schema: str) -> None:
+async def prepare_effects(url: str, schema: str) -> None:
     conn = await asyncpg.connect(url)
     try:
         await migrate(conn, schema)
@@ -71,7 +71,7 @@ async def test_commit_whose_standby_wait_is_interrupted_is_not_acked_and_applies
     interrupt: str,
 ) -> None:
     pair = standby_pair
-    await _prepare(pair.primary.url, schema)
+    await prepare_effects(pair.primary.url, schema)
     worker = spawn({"DATABASE_URL": pair.dsn})
     await worker.wait_logged("worker_started")
     await pair.standby.stop()  # fast shutdown: every writing COMMIT waits from now on
@@ -120,7 +120,7 @@ async def test_send_api_gives_no_202_on_a_commit_whose_standby_wait_was_cancelle
     standby_pair: StandbyPair, schema: str
 ) -> None:
     pair = standby_pair
-    await _prepare(pair.primary.url, schema)
+    await prepare_effects(pair.primary.url, schema)
     pool = await asyncpg.create_pool(pair.dsn, min_size=1, max_size=2)
     committer = Committer(pool, Messages(schema), lanes=1)
     committer.start()

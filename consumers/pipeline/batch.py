@@ -54,7 +54,12 @@ from consumers.pipeline.settle import Dispatcher
 from consumers.settings import WorkerSettings
 from consumers.telemetry.metrics import ConsumerMetrics
 from dedupe import Claim, ClaimOutcome, DbConnection, Inbox, Outbox, replicated
-from dedupe.lost import CONNECTION_ERRORS, TRANSIENT_SQL_ERRORS, DatabaseConnectionClosed
+from dedupe.lost import (
+    CONNECTION_ERRORS,
+    TRANSIENT_SQL_ERRORS,
+    DatabaseConnectionClosed,
+    dropped_if_demoted,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -134,7 +139,8 @@ class BatchRunner:
     async def _attempt(
         self, items: list[Item], *, careful: bool, known: Verdicts | None = None
     ) -> Verdicts:
-        async with self.pool.acquire() as conn:
+        # A demoted primary's connection is closed: the re-run gets the new primary's.
+        async with self.pool.acquire() as conn, dropped_if_demoted(conn):
             tx = conn.transaction()
             await tx.start()
             try:

@@ -68,6 +68,7 @@ from consumers.publishing.publisher import (
 )
 from consumers.settings import RelaySettings, Settings
 from dedupe import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure, check_schema, quote_ident
+from dedupe.lost import drop_if_demoted
 
 log = structlog.get_logger(__name__)
 
@@ -126,7 +127,8 @@ class Relay:
         try:
             await tx.start()
             rows = await self.outbox.claim(conn, self.relay_settings.batch_size)  # 1.
-        except BaseException:
+        except BaseException as exc:
+            drop_if_demoted(conn, exc)  # a demoted primary's: the pool connects anew
             await self._give_back(conn, tx)
             raise
         if not rows:
@@ -148,7 +150,8 @@ class Relay:
             await self.outbox.mark_published(conn, confirmed)  # 3.
             await self.outbox.postpone(conn, failures)
             await claimed.tx.commit()  # 4.
-        except BaseException:
+        except BaseException as exc:
+            drop_if_demoted(conn, exc)
             await self._give_back(conn, claimed.tx)  # rolled back: the rows are pending again
             raise
         assert self._pool is not None

@@ -86,6 +86,7 @@ from dedupe import (
     parse_message_id,
     replicated,
 )
+from dedupe.lost import dropped_if_demoted
 from providers import (
     Provider,
     ProviderReceipt,
@@ -203,7 +204,12 @@ class PushRunner:
         sends: list[Send] = []
         verdicts: Verdicts = {}
         # A cancelled wait for the standby: unknown, the batch re-runs (dedupe.replication).
-        async with self.pool.acquire() as conn, replicated(conn), conn.transaction():
+        async with (
+            self.pool.acquire() as conn,
+            dropped_if_demoted(conn),  # the re-run gets the new primary's connection
+            replicated(conn),
+            conn.transaction(),
+        ):
             claims = [
                 Claim(key=i.envelope.key, fingerprint=i.envelope.fingerprint)
                 for i in items
@@ -389,7 +395,7 @@ class PushRunner:
 
     async def _record(self, answers: list[Answered]) -> None:
         """Step 3: record these answers and prune dead tokens, in one transaction."""
-        async with self.pool.acquire() as conn:
+        async with self.pool.acquire() as conn, dropped_if_demoted(conn):
             tx = conn.transaction()
             await tx.start()
             try:

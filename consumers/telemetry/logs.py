@@ -30,6 +30,8 @@ import orjson
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
+from dedupe.lost import quiet_pool_logs
+
 
 class IsoTimestamp:
     """Adds `timestamp`: UTC ISO 8601 with microseconds (`2024-05-04T10:21:33.123456Z`)."""
@@ -118,7 +120,9 @@ def configure_logging(
     """Set up structlog; `json=None` picks JSON when stderr is not a terminal.
 
     JSON lines go to `file` (default: stderr); console lines always to stderr.
+    asyncpg's pool warnings during a failover become one line each (`dedupe.lost`).
     """
+    quiet_pool_logs()
     as_json = (not sys.stderr.isatty()) if json is None else json
     shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
