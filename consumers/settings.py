@@ -14,6 +14,9 @@ from enum import StrEnum
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+# The largest message body a worker decodes (IW_MAX_BODY_BYTES); the send API
+# refuses a larger body at the door (ingress reads the same variable).
+MAX_BODY_BYTES = 1_048_576
 
 
 class QueueType(StrEnum):
@@ -61,7 +64,7 @@ class WorkerSettings:
     prefetch: int = 1000  # unacknowledged deliveries per channel
     max_batch: int = 500  # messages in one transaction at most
     concurrency: int = 1  # channels (and batches in flight) per queue
-    max_body_bytes: int = 1_048_576
+    max_body_bytes: int = MAX_BODY_BYTES
     shutdown_grace_seconds: float = 30.0
     # A handler's deadline (`@app.handler(q, timeout=...)` overrides it): past
     # it the handler is cancelled, its message retried, the batch goes on.
@@ -143,7 +146,7 @@ class Settings:
                 prefetch=int(env.get("IW_PREFETCH", "1000")),
                 max_batch=int(env.get("IW_MAX_BATCH", "500")),
                 concurrency=int(env.get("IW_CONCURRENCY", "1")),
-                max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", "1048576")),
+                max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", str(MAX_BODY_BYTES))),
                 shutdown_grace_seconds=float(env.get("IW_SHUTDOWN_GRACE", "30")),
                 handler_timeout_seconds=float(env.get("IW_HANDLER_TIMEOUT", "30")),
                 watchdog_grace_seconds=float(env.get("IW_WATCHDOG_GRACE", "10")),

@@ -1,8 +1,9 @@
 """The send API's bodies as pydantic models: what FastAPI validates and /openapi.json shows.
 
-`SendRequest` accepts exactly what the push worker accepts
-(`consumers.push.job.parse_push_job`), plus the optional `idempotency_key`;
-strict, so `"3600"` is not a number and unknown fields are refused.
+`SendRequest` is the push job's shape, plus the optional `idempotency_key`;
+strict, so `"3600"` is not a number and unknown fields are refused. The
+send route also runs the worker's own rules on it
+(`consumers.push.job.parse_push_job`, see `ingress.body`).
 """
 
 from __future__ import annotations
@@ -11,24 +12,33 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from consumers.push.job import MAX_TARGETS, MAX_TOKEN_CHARS
+from consumers.push.job import (
+    HEADER_TEXT_PATTERN,
+    MAX_TARGETS,
+    MAX_TOKEN_CHARS,
+    MAX_TTL_SECONDS,
+    TOKEN_PATTERN,
+)
 
 MAX_KEY_BYTES = 128
 
 _STRICT = ConfigDict(strict=True, extra="forbid")
+Text = Annotated[str, Field(pattern="^[^\x00]*$")]  # PostgreSQL's text holds no NUL
 
 
 class TargetIn(BaseModel):
     model_config = _STRICT
     platform: Literal["ios", "android", "web"]
-    token: Annotated[str, Field(min_length=1, max_length=MAX_TOKEN_CHARS)]
+    token: Annotated[
+        str, Field(min_length=1, max_length=MAX_TOKEN_CHARS, pattern=f"^{TOKEN_PATTERN}$")
+    ]
 
 
 class NotificationIn(BaseModel):
     model_config = _STRICT
-    title: str | None = None
-    body: str | None = None
-    data: dict[str, str] = Field(default_factory=dict)
+    title: Text | None = None
+    body: Text | None = None
+    data: dict[Text, Text] = Field(default_factory=dict)
 
 
 class SendRequest(BaseModel):
@@ -38,9 +48,9 @@ class SendRequest(BaseModel):
     targets: Annotated[list[TargetIn], Field(min_length=1, max_length=MAX_TARGETS)]
     notification: NotificationIn = Field(default_factory=NotificationIn)
     priority: Literal["high", "normal"] | None = None
-    ttl_seconds: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
-    push_type: Annotated[str, Field(min_length=1)] | None = None
-    collapse_key: Annotated[str, Field(min_length=1)] | None = None
+    ttl_seconds: Annotated[int, Field(ge=0, le=MAX_TTL_SECONDS)] | None = None
+    push_type: Annotated[str, Field(pattern=f"^{HEADER_TEXT_PATTERN}$")] | None = None
+    collapse_key: Annotated[str, Field(min_length=1, pattern="^[^\x00]*$")] | None = None
     idempotency_key: (
         Annotated[
             str,

@@ -60,6 +60,7 @@ SEND_RESPONSES: dict[int | str, dict[str, Any]] = {
         "model": InvalidRequest | ErrorBody,
         "description": "invalid_request (nothing stored), or idempotency_key_required",
     },
+    413: {"model": ErrorBody, "description": "body_too_large: past the push worker's limit"},
     422: {"model": ErrorBody, "description": "idempotency_key_reused: another body"},
     **ERRORS,
 }

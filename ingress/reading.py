@@ -15,13 +15,11 @@ from typing import Annotated
 import asyncpg
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import ValidationError
 
 from dedupe import Messages
 from ingress.commit import Committer
 from ingress.keys import ApiKeys
-from ingress.models import SendRequest
-from ingress.refusals import UNAUTHORIZED, field_name, invalid
+from ingress.refusals import UNAUTHORIZED
 from ingress.settings import IngressSettings
 
 
@@ -96,16 +94,3 @@ async def tenant_for(request: Request, authorization: str) -> str:
     if found is None:
         raise UNAUTHORIZED
     return found
-
-
-def validated(content_type: str, raw_body: bytes) -> SendRequest:
-    """The body as a push job, or 400 invalid_request with every field that is wrong."""
-    kind = content_type.split(";")[0].strip().lower()
-    if kind != "application/json" and not kind.endswith("+json"):
-        raise invalid(("body", "Content-Type: application/json is required"))
-    try:
-        return SendRequest.model_validate_json(raw_body)
-    except ValidationError as exc:
-        raise invalid(
-            *((field_name(("body", *e["loc"])), e["msg"]) for e in exc.errors())
-        ) from None

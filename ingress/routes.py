@@ -24,10 +24,11 @@ import structlog
 from fastapi import APIRouter, Request, Response
 
 from dedupe import Acceptance, MessageStatus, NewMessage, fingerprint, parse_message_id
+from ingress.body import decode_body, read_body, too_large, validated
 from ingress.idempotency import one_key
 from ingress.models import Cancelled, ErrorBody, MessageOut, NotCancellable, Queued
 from ingress.openapi import ERRORS, REPLAYED_HEADER, SEND_EXTRA, SEND_RESPONSES
-from ingress.reading import SendHeaders, Tenant, running_of, tenant_for, validated
+from ingress.reading import SendHeaders, Tenant, running_of, tenant_for
 from ingress.refusals import NOT_FOUND, json_response
 
 log = structlog.get_logger(__name__)
@@ -50,21 +51,24 @@ async def send(request: Request) -> Response:
     running = running_of(request)
     wanted = SendHeaders.read(request)
     tenant = await tenant_for(request, wanted.authorization)
-    raw_body = await request.body()
-    job = validated(wanted.content_type, raw_body)
+    limit = running.settings.max_body_bytes
+    body = decode_body(wanted.content_type, await read_body(request, limit))
+    job = validated(body)
     key = one_key(job.idempotency_key, wanted.idempotency_key)
-    body: dict[str, Any] = orjson.loads(raw_body)
     body.pop("idempotency_key", None)
+    stored = orjson.dumps(body)
+    if len(stored) > limit:  # never larger than the body read, but this is the worker's limit
+        raise too_large(limit)
     assert running.committer is not None
     answer = await running.committer.submit(
         NewMessage(
             tenant=tenant,
             idempotency_key=key,
-            # SendRequest took it, so it holds only str, int, None, lists and objects
+            # decode_body read it, so it holds only str, int, None, lists and objects
             fingerprint=fingerprint(body, plain=True),
             queue=running.settings.queue,
             targets=len({(t.platform, t.token) for t in job.targets}),  # repeats fold
-            job=orjson.dumps(body),
+            job=stored,
         )
     )
     if answer.outcome is Acceptance.KEY_REUSED:

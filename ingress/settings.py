@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from consumers.push.job import MAX_JOB_BYTES
+
 DEFAULT_PUSH_QUEUE = "notifications.push"
 
 
@@ -16,6 +18,8 @@ class IngressSettings:
     max_batch: int = 256  # requests in one commit at most
     lanes: int = 2  # commits in flight at once (each a pooled connection)
     key_cache_seconds: float = 30.0  # how long a known API key skips the database
+    # A larger body is 413 before it is read: the push worker's limit (IW_MAX_BODY_BYTES)
+    max_body_bytes: int = MAX_JOB_BYTES
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> IngressSettings:
@@ -26,4 +30,5 @@ class IngressSettings:
             queue=env.get("IW_INGRESS_QUEUE", DEFAULT_PUSH_QUEUE),
             max_batch=int(env.get("IW_INGRESS_MAX_BATCH", "256")),
             lanes=int(env.get("IW_INGRESS_LANES", "2")),
+            max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", str(MAX_JOB_BYTES))),
         )

@@ -13,12 +13,12 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from consumers import Settings, parse_push_job, push_job_body
 from dedupe import DbConnection, Messages, Retention, cleanup, job_message_id
 from dedupe.fingerprint import is_plain
-from ingress.models import SendRequest
+from ingress.body import decode_body, validated
+from ingress.refusals import Refusal
 from ingress.settings import IngressSettings
 from providers import Platform, Target
 from tests.ingress_support import Served, serve_in_process
@@ -429,10 +429,10 @@ _bodies = st.one_of(_job_bodies(odd=False), _job_bodies(odd=True))
 def test_a_body_the_send_api_takes_is_a_push_job_with_the_same_devices(
     body: dict[str, Any],
 ) -> None:
-    """The send route validates with SendRequest only; the push worker must take all it takes."""
+    """What the send route takes (`ingress.body`), the push worker takes, with the same devices."""
     try:
-        request = SendRequest.model_validate_json(json.dumps(body))
-    except ValidationError:
+        request = validated(decode_body("application/json", json.dumps(body).encode()))
+    except Refusal:
         return
     parsed = parse_push_job(body)
     assert len(parsed.targets) == len({(t.platform, t.token) for t in request.targets})

@@ -10,19 +10,39 @@
     }
 
 `push_job_body()` builds it on the publisher side. A job that does not parse
-is dead-lettered as `invalid_push_job` with the reason in `x-error`.
+is dead-lettered as `invalid_push_job` with the reason in `x-error`. The send
+API calls `parse_push_job` too, so what it answers 202 the worker attempts:
+
+- no NUL (U+0000) in any text: PostgreSQL's text, where tokens and reasons
+  are recorded, cannot hold it;
+- a token is what APNs' `/3/device/{token}` path carries unchanged and what
+  FCM's tokens are made of: RFC 3986 unreserved characters and `:` (APNs'
+  own tokens are hex; FCM's letters, digits, `-`, `_` and `:`);
+- `push_type` goes out as the `apns-push-type` header: printable ASCII;
+- `ttl_seconds` from 0 to `MAX_TTL_SECONDS` (about 68 years).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from consumers.settings import MAX_BODY_BYTES
 from providers import Notification, Platform, Priority, Push, Target
 
 MAX_TARGETS = 500
 MAX_TOKEN_CHARS = 4096
+MAX_TTL_SECONDS = 2**31 - 1
+# A job is one AMQP message: at most what a worker decodes by default. The send
+# API takes a larger body from no one (IW_MAX_BODY_BYTES moves both).
+MAX_JOB_BYTES = MAX_BODY_BYTES
+# The send API's schema states the same rules with these patterns.
+TOKEN_PATTERN = r"[A-Za-z0-9._~:-]+"
+HEADER_TEXT_PATTERN = r"[!-~]([ -~]*[!-~])?"
+_TOKEN = re.compile(TOKEN_PATTERN)
+_HEADER_TEXT = re.compile(HEADER_TEXT_PATTERN)
 
 
 class InvalidPushJob(ValueError):
@@ -99,6 +119,8 @@ def parse_push_job(body: Mapping[str, Any]) -> PushJob:
         token = raw.get("token")
         if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
             raise InvalidPushJob(f"targets[{n}].token: 1 to {MAX_TOKEN_CHARS} characters")
+        if not _TOKEN.fullmatch(token):
+            raise InvalidPushJob(f"targets[{n}].token: letters, digits and -._~:")
         target = Target(platform=platform, token=token)
         if target not in targets:  # one device twice in a job gets one push
             targets.append(target)
@@ -114,16 +136,27 @@ def parse_push_job(body: Mapping[str, Any]) -> PushJob:
         isinstance(k, str) and isinstance(v, str) for k, v in data.items()
     ):
         raise InvalidPushJob("notification.data: an object of strings")
+    for field, value in (("notification.title", title), ("notification.body", text)):
+        _no_nul(value, field)
+    for key, value in data.items():
+        _no_nul(key, "notification.data")
+        _no_nul(value, f"notification.data.{key}")
     priority = body.get("priority")
     if priority is not None and priority not in ("high", "normal"):
         raise InvalidPushJob("priority: high or normal")
     ttl = body.get("ttl_seconds")
-    if ttl is not None and (not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0):
-        raise InvalidPushJob("ttl_seconds: a non-negative integer")
+    if ttl is not None and (
+        not isinstance(ttl, int) or isinstance(ttl, bool) or not 0 <= ttl <= MAX_TTL_SECONDS
+    ):
+        raise InvalidPushJob(f"ttl_seconds: an integer from 0 to {MAX_TTL_SECONDS}")
     for name in ("push_type", "collapse_key"):
         value = body.get(name)
         if value is not None and (not isinstance(value, str) or not value):
             raise InvalidPushJob(f"{name}: a non-empty string")
+        _no_nul(value, name)
+    push_type = body.get("push_type")
+    if push_type is not None and not _HEADER_TEXT.fullmatch(push_type):
+        raise InvalidPushJob("push_type: printable ASCII (it is the apns-push-type header)")
     return PushJob(
         targets=tuple(targets),
         notification=Notification(title=title, body=text, data=data),
@@ -132,3 +165,8 @@ def parse_push_job(body: Mapping[str, Any]) -> PushJob:
         push_type=body.get("push_type"),
         collapse_key=body.get("collapse_key"),
     )
+
+
+def _no_nul(value: str | None, field: str) -> None:
+    if value is not None and "\x00" in value:
+        raise InvalidPushJob(f"{field}: no NUL (U+0000) character")

@@ -1,0 +1,104 @@
+"""The send route's body: read up to a limit, decoded once, checked by the push worker's own rules.
+
+    read_body     413 from Content-Length before a byte of the body is read;
+                  a chunked body is read piece by piece and refused (413) once
+                  it passes the limit, so a body is never held past it
+    decode_body   UTF-8 JSON, one value for every parser: a key given twice,
+                  NaN, Infinity, a number past any float, a lone surrogate,
+                  an integer of thousands of digits are 400, never a 500
+    validated     the body's shape (`SendRequest`, whose every field is
+                  listed in a 400), then `consumers.push.job.parse_push_job`,
+                  the worker's own rules: what the door answers 202 the
+                  worker attempts, never dead-letters as invalid
+
+A 413 closes the connection (`Connection: close`), so the rest of an
+oversized body is not read either.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import orjson
+from fastapi import Request
+from pydantic import ValidationError
+
+from consumers.push.job import InvalidPushJob, parse_push_job
+from ingress.models import SendRequest
+from ingress.refusals import Refusal, field_name, invalid
+
+
+def too_large(limit: int) -> Refusal:
+    return Refusal(413, {"error": "body_too_large", "max_bytes": limit}, {"Connection": "close"})
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, at most `limit` bytes; 413 past it, before reading what is past."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ValueError("a key appears twice in one object")
+    return found
+
+
+def _constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} is past any float")
+    return value
+
+
+def decode_body(content_type: str, raw: bytes) -> dict[str, Any]:
+    """The body's one JSON object; 400 invalid_request when a parser could read it two ways."""
+    kind = content_type.split(";")[0].strip().lower()
+    if kind != "application/json" and not kind.endswith("+json"):
+        raise invalid(("body", "Content-Type: application/json is required"))
+    try:
+        value = json.loads(
+            raw.decode(), object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_finite
+        )
+        orjson.dumps(value)  # a lone surrogate cannot be stored as UTF-8
+    except (ValueError, RecursionError, orjson.JSONEncodeError) as exc:
+        raise invalid(("body", f"not one JSON value: {_short(exc)}")) from None
+    if not isinstance(value, dict):
+        raise invalid(("body", "a JSON object is required"))
+    return value
+
+
+def validated(body: dict[str, Any]) -> SendRequest:
+    """`body` as a push job the worker will attempt; 400 naming each field that is wrong."""
+    try:
+        request = SendRequest.model_validate(body)
+    except ValidationError as exc:
+        raise invalid(
+            *((field_name(("body", *e["loc"])), e["msg"]) for e in exc.errors())
+        ) from None
+    try:
+        parse_push_job(body)
+    except InvalidPushJob as exc:
+        where, _, message = str(exc).partition(": ")
+        raise invalid((re.sub(r"\[(\d+)\]", r".\1", where), message)) from None
+    return request
+
+
+def _short(exc: Exception) -> str:
+    return str(exc).split("\n")[0][:120]

@@ -1,0 +1,115 @@
+"""Bodies a JSON parser may read two ways: decoded once, refused with 400, never a 500.
+
+The send API validates and stores one decoded value; a body whose value
+depends on the parser (a key given twice, a number past any float, a lone
+surrogate, NaN) is refused, so what is validated is what is stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from consumers import Settings
+from dedupe import DbConnection
+from ingress.settings import IngressSettings
+from tests.ingress_support import Served, serve_in_process
+
+TARGETS = '"targets":[{"platform":"ios","token":"ios-token-1"}]'
+
+
+@pytest.fixture
+async def served(db: DbConnection, settings: Settings) -> AsyncIterator[Served]:
+    async with serve_in_process(db, settings.database, IngressSettings(queue="t.bodies")) as s:
+        yield s
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"ttl_seconds":1e999,"ttl_seconds":60,' + TARGETS + "}",
+        '{"ttl_seconds":60,"ttl_seconds":1e999,' + TARGETS + "}",
+        '{"ttl_seconds":60,"ttl_seconds":61,' + TARGETS + "}",
+        "{" + TARGETS + "," + TARGETS + "}",
+        '{"notification":{"title":"a","title":"b"},' + TARGETS + "}",
+        '{"ttl_seconds":NaN,' + TARGETS + "}",
+        '{"ttl_seconds":Infinity,' + TARGETS + "}",
+        '{"notification":{"title":"\\ud800"},' + TARGETS + "}",
+        '{"notification":{"data":{"\\udfff":"x"}},' + TARGETS + "}",
+        '{"ttl_seconds":' + "9" * 5000 + "," + TARGETS + "}",
+        '{"idempotency_key":"a","idempotency_key":"b",' + TARGETS + "}",
+    ],
+    ids=[
+        "inf-then-60",
+        "60-then-inf",
+        "ttl-twice",
+        "targets-twice",
+        "nested-twice",
+        "nan",
+        "infinity",
+        "lone-surrogate",
+        "surrogate-key",
+        "5000-digits",
+        "key-twice",
+    ],
+)
+async def test_a_body_read_two_ways_is_400_and_stores_nothing(
+    served: Served, db: DbConnection, body: str
+) -> None:
+    async with httpx.AsyncClient(base_url=served.url, timeout=30) as http:
+        answer = await http.post(
+            "/v1/messages",
+            content=body.encode(),
+            headers={
+                "Authorization": f"Bearer {served.key}",
+                "Content-Type": "application/json",
+                "Idempotency-Key": "k-1",
+            },
+        )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == "invalid_request"
+    assert await db.fetchval("SELECT count(*) FROM ingress_idempotency_keys") == 0
+    assert await db.fetchval("SELECT count(*) FROM outbox") == 0
+
+
+def _job(**fields: object) -> dict[str, object]:
+    return {"targets": [{"platform": "ios", "token": "ios-token-1"}], **fields}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"targets": [{"platform": "android", "token": "tok\x00en"}]},
+        {"targets": [{"platform": "ios", "token": "a/../b"}]},
+        {"targets": [{"platform": "ios", "token": "tok en"}]},
+        _job(notification={"title": "a\x00b"}),
+        _job(notification={"data": {"k\x00": "v"}}),
+        _job(collapse_key="c\x00"),
+        _job(push_type="alert\r\nx-injected: 1"),
+        _job(ttl_seconds=2**31),
+    ],
+    ids=[
+        "nul-token",
+        "path-token",
+        "space-token",
+        "nul-title",
+        "nul-data",
+        "nul-collapse",
+        "header-push-type",
+        "ttl-past-range",
+    ],
+)
+async def test_what_the_worker_refuses_the_door_refuses(
+    served: Served, db: DbConnection, body: dict[str, object]
+) -> None:
+    """A 202 means the worker will attempt the job: what it would dead-letter is 400 here."""
+    async with httpx.AsyncClient(base_url=served.url, timeout=30) as http:
+        answer = await http.post(
+            "/v1/messages",
+            json={**body, "idempotency_key": "k-1"},
+            headers={"Authorization": f"Bearer {served.key}"},
+        )
+    assert answer.status_code == 400, answer.text
+    assert await db.fetchval("SELECT count(*) FROM outbox") == 0
