@@ -22,7 +22,7 @@ from dedupe.ledger import (
     TargetKey,
     UnknownOutcome,
 )
-from dedupe.lookup import ClaimRow, KeyRecord, look_up
+from dedupe.lookup import ClaimRow, KeyRecord, claims, look_up
 from dedupe.messages import (
     INGRESS_HEADER,
     Acceptance,
@@ -85,6 +85,7 @@ __all__ = [
     "available_migrations",
     "canonical_json",
     "check_schema",
+    "claims",
     "cleanup",
     "fingerprint",
     "is_plain",

@@ -28,7 +28,13 @@ from typing import Any
 import aio_pika
 
 from consumers.broker.headers import read_leniently
-from consumers.message.envelope import ATTEMPT_HEADER, NO_MESSAGE_ID_HEADER, REASON_HEADER, is_text
+from consumers.message.envelope import (
+    ATTEMPT_HEADER,
+    NO_MESSAGE_ID_HEADER,
+    REASON_HEADER,
+    TENANT_HEADER,
+    is_text,
+)
 from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER, ERROR_HEADER
 
 DLQ_SUFFIX = ".dlq"
@@ -49,6 +55,7 @@ def work_queue_of(name: str) -> str:
 class DeadLetter:
     message: Message
     message_id: str | None  # None: the message has no usable id
+    tenant: str  # the x-tenant header as text; "" when there is none
     reason: str
     attempt: int
     error: str
@@ -69,6 +76,7 @@ def describe(message: Message) -> DeadLetter:
     return DeadLetter(
         message=message,
         message_id=None if headers.get(NO_MESSAGE_ID_HEADER) else message.message_id,
+        tenant=_text(headers.get(TENANT_HEADER)),
         reason=reason or "unknown",
         attempt=attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 1,
         error=_text(headers.get(ERROR_HEADER)),

@@ -1,4 +1,4 @@
-"""`idempotent-workers dlq list|show|replay QUEUE`: the commands and what they print.
+"""`idempotent-workers dlq list|show|replay|archive QUEUE`: the commands and what they print.
 
 QUEUE is the work queue (`orders`) or its dead-letter queue (`orders.dlq`).
 Everything printed that came from a message goes through `printable()`: no
@@ -11,17 +11,21 @@ import argparse
 import datetime
 import json
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 import aio_pika
+import asyncpg
 
 from consumers.broker.connection import connect_once
+from consumers.commands.archive import archive
 from consumers.commands.deadletters import DeadLetter, NoSuchQueue, read_dead_letters, work_queue_of
 from consumers.commands.printable import printable
-from consumers.commands.replay import Outcome, Replayed, Selection, replay
+from consumers.commands.replay import Outcome, Replayed, Selection, database_claims, replay
 from consumers.handlers.retry import dead_letter_queue
 from consumers.settings import Settings
+from dedupe import SchemaMissing, check_schema
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -49,21 +53,24 @@ def register(sub: Any) -> None:
     listing = actions.add_parser("list", help="one line per dead letter, without removing any")
     show = actions.add_parser("show", help="every copy of one message, whole")
     again = actions.add_parser("replay", help="back to the work queue the DLQ belongs to")
-    for parser in (listing, show, again):
+    gone = actions.add_parser("archive", help="take chosen dead letters out of the DLQ for good")
+    for parser in (listing, show, again, gone):
         parser.add_argument("queue", help="the work queue, or its dead-letter queue")
         parser.add_argument(
             "--scan", type=int, default=10_000, help="read at most this many dead letters"
         )
     show.add_argument("message_id")
-    for parser in (listing, again):
+    for parser in (listing, again, gone):
         parser.add_argument("--reason", help="a pattern: max_attempts_exceeded:*")
         parser.add_argument("--message-id")
+        parser.add_argument("--tenant", help="the x-tenant header ('' for none)")
         parser.add_argument("--since", type=since, help="first dead-lettered since: 2h, 7d, ISO")
         parser.add_argument("--limit", type=int, default=100)
     again.add_argument("--dry-run", action="store_true", help="say what would be replayed")
     again.add_argument(
         "--force", action="store_true", help="replay even what is older than retention"
     )
+    gone.add_argument("--yes", action="store_true", help="required: the messages are deleted")
 
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -72,6 +79,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         if args.action == "replay":
             return await _replay(connection, queue, args, settings)
+        if args.action == "archive":
+            return await _archive(connection, queue, args)
         channel = await connection.channel()
         try:
             letters, held = await read_dead_letters(
@@ -91,7 +100,11 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
 
 def _selection(args: argparse.Namespace) -> Selection:
     return Selection(
-        reason=args.reason, message_id=args.message_id, since=args.since, limit=args.limit
+        reason=args.reason,
+        message_id=args.message_id,
+        tenant=args.tenant,
+        since=args.since,
+        limit=args.limit,
     )
 
 
@@ -204,21 +217,71 @@ async def _replay(
             flush=True,
         )
 
-    summary = await replay(
-        connection,
-        queue,
-        _selection(args),
-        retention=settings.retention.keep,
-        force=args.force,
-        dry_run=args.dry_run,
-        most=args.scan,
-        report=report,
-    )
+    conn = await _claims_reader(settings) if args.dry_run else None
+    try:
+        summary = await replay(
+            connection,
+            queue,
+            _selection(args),
+            retention=settings.retention.keep,
+            force=args.force,
+            dry_run=args.dry_run,
+            most=args.scan,
+            report=report,
+            claims=None if conn is None else database_claims(conn, settings.database.schema),
+        )
+    finally:
+        if conn is not None:
+            await conn.close()
     counts = " ".join(f"{outcome}={summary.counts[outcome]}" for outcome in Outcome)
     unread = summary.held - summary.read
     print(
         f"dlq: queue={printable(summary.dlq)} target={printable(summary.target)}"
         f" held={summary.held} read={summary.read} {counts}"
         + (f" unread={unread} (past --scan)" if unread > 0 else "")
+    )
+    return 0
+
+
+async def _claims_reader(settings: Settings) -> asyncpg.Connection[asyncpg.Record] | None:
+    """A connection to read claims through, for a dry run; None (said why) if there is none."""
+    try:
+        conn = await asyncpg.connect(settings.database.url)
+    except (OSError, asyncpg.PostgresError) as exc:
+        print(
+            f"dlq: claims not read ({printable(repr(exc))}): no would_be_duplicate told apart",
+            file=sys.stderr,
+        )
+        return None
+    try:
+        await check_schema(conn, settings.database.schema)
+    except SchemaMissing as exc:
+        await conn.close()
+        print(
+            f"dlq: claims not read ({printable(str(exc))}): no would_be_duplicate told apart",
+            file=sys.stderr,
+        )
+        return None
+    return conn
+
+
+async def _archive(
+    connection: aio_pika.abc.AbstractConnection, queue: str, args: argparse.Namespace
+) -> int:
+    if not args.yes:
+        print("idempotent-workers: dlq archive deletes the messages it takes: add --yes")
+        return 2
+
+    async def keep(letter: DeadLetter) -> None:
+        print(
+            f"archived      message_id={printable(letter.message_id)}"
+            f" reason={printable(letter.reason)} body={printable(letter.message.body)}",
+            flush=True,
+        )
+
+    summary = await archive(connection, queue, _selection(args), most=args.scan, keep=keep)
+    print(
+        f"dlq: queue={printable(summary.dlq)} held={summary.held} read={summary.read}"
+        f" archived={summary.archived}"
     )
     return 0

@@ -3,6 +3,7 @@
     claim       when it was claimed and the fingerprint of the body that won
     ledger      each push target: status, sends, provider message id, lease
     outbox      rows publishing this key to this queue (if the outbox exists)
+    api         the send API's message and idempotency key rows of an `ingress-` job
     dlq         copies in `<CONSUMER>.dlq` with this message_id and tenant
 
 The database is only read. The dead-letter queue is read as `dlq list` reads
@@ -78,6 +79,10 @@ def _print_record(record: KeyRecord) -> None:
         print(f"outbox: {len(record.outbox)} row(s)")
         for row in record.outbox:
             print("  " + _fields(row, token=False))
+    if record.api_message is not None:
+        print("api message: " + _fields(record.api_message, token=False))
+        key = "none" if record.api_key is None else _fields(record.api_key, token=False)
+        print(f"api key: {key}")
 
 
 def _fields(row: Mapping[str, object], *, token: bool) -> str:

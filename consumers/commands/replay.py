@@ -2,14 +2,21 @@
 
 For each dead letter read (in queue order), in this order:
 
-1. not selected (`--reason`, `--message-id`, `--since`)       left alone
+1. not selected (`--reason`, `--message-id`, `--tenant`,     left alone
+   `--since`)
 2. past `--limit` selected ones                                left alone
 3. no message_id, or a property or header that is not UTF-8  skipped: reported, left in the DLQ
 4. first dead-lettered longer ago than retention               refused unless `--force`: its
                                                                claim may be deleted, so a replay
                                                                could apply it a second time
-5. `--dry-run`                                                 reported as would_replay
-6. republished to the work queue, confirmed, then acked        replayed
+5. `--dry-run`: its key claimed with this body's fingerprint   would_be_duplicate: a replay
+                                                               would be acked as a duplicate
+6. `--dry-run`, otherwise                                      would_replay
+7. republished to the work queue, confirmed, then acked        replayed
+
+`dlq replay` and the console's replay button both call `replay()`: one path,
+two faces. Step 5 asks `Claims` (the database) once for every selected key;
+without one, a dry run says would_replay for both.
 
 The target is always the work queue named by the command (`orders` for
 `orders.dlq`), never the message's `x-original-queue` header, which anyone
@@ -23,10 +30,11 @@ from __future__ import annotations
 
 import datetime
 import fnmatch
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import aio_pika
 
@@ -39,6 +47,7 @@ from consumers.commands.deadletters import (
 from consumers.handlers.retry import dead_letter_queue
 from consumers.message.envelope import ATTEMPT_HEADER, REASON_HEADER, is_text
 from consumers.pipeline.settle import ERROR_HEADER, QUEUE_HEADER
+from dedupe import ClaimRow, DbConnection, claims, fingerprint
 
 # The framework's own headers, set again if the message fails again; the
 # first dead-letter date (x-dead-lettered-at) is kept on purpose.
@@ -54,6 +63,7 @@ class Selection:
 
     reason: str | None = None  # a shell pattern: `max_attempts_exceeded:*`
     message_id: str | None = None
+    tenant: str | None = None  # "" selects the messages without a tenant
     since: datetime.datetime | None = None  # first dead-lettered at or after
     limit: int = 100
 
@@ -61,6 +71,8 @@ class Selection:
         if self.reason is not None and not fnmatch.fnmatchcase(letter.reason, self.reason):
             return False
         if self.message_id is not None and letter.message_id != self.message_id:
+            return False
+        if self.tenant is not None and letter.tenant != self.tenant:
             return False
         if self.since is not None:
             return letter.dead_lettered_at is not None and letter.dead_lettered_at >= self.since
@@ -70,6 +82,7 @@ class Selection:
 class Outcome(StrEnum):
     REPLAYED = "replayed"
     WOULD_REPLAY = "would_replay"
+    WOULD_BE_DUPLICATE = "would_be_duplicate"
     SKIPPED = "skipped"
     REFUSED = "refused"
 
@@ -79,6 +92,25 @@ class Replayed:
     letter: DeadLetter
     outcome: Outcome
     why: str = ""
+
+
+class Claims(Protocol):
+    """Which of one consumer's keys (tenant, message_id) are claimed: `dedupe.claims`."""
+
+    async def __call__(
+        self, consumer: str, keys: Sequence[tuple[str, str]]
+    ) -> Mapping[tuple[str, str], ClaimRow]: ...
+
+
+def database_claims(conn: DbConnection, schema: str) -> Claims:
+    """`Claims` read from the dedupe tables in `schema`, through `conn`."""
+
+    async def claimed(
+        consumer: str, keys: Sequence[tuple[str, str]]
+    ) -> Mapping[tuple[str, str], ClaimRow]:
+        return await claims(conn, schema, consumer, keys)
+
+    return claimed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,6 +132,7 @@ async def replay(
     dry_run: bool,
     most: int,
     report: Callable[[Replayed], None],
+    claims: Claims | None = None,
 ) -> ReplaySummary:
     """Replay what `selection` picks from `queue`'s DLQ into `queue`; report each outcome."""
     dlq = dead_letter_queue(queue)
@@ -113,13 +146,12 @@ async def replay(
     try:
         letters, held = await read_dead_letters(reading, dlq, most=most)
         now = datetime.datetime.now(datetime.UTC)
-        selected = 0
-        for letter in letters:
-            if not selection.matches(letter):
-                continue
-            if selected >= selection.limit:
-                break
-            selected += 1
+        chosen = [letter for letter in letters if selection.matches(letter)][: selection.limit]
+        claimed: Mapping[tuple[str, str], ClaimRow] = {}
+        if dry_run and claims is not None:
+            keys = sorted({(x.tenant, x.message_id) for x in chosen if x.message_id is not None})
+            claimed = await claims(queue, keys)
+        for letter in chosen:
             done = await _replay_one(
                 publishing,
                 queue,
@@ -129,6 +161,8 @@ async def replay(
                 force=force,
                 dry_run=dry_run,
             )
+            if done.outcome is Outcome.WOULD_REPLAY:
+                done = _judged(done, claimed)
             counts[done.outcome] += 1
             report(done)
     finally:
@@ -189,6 +223,37 @@ async def _replay_one(
         return Replayed(letter=letter, outcome=Outcome.SKIPPED, why=f"publish failed: {exc!r}")
     await message.ack()  # only after the broker confirmed the replay
     return Replayed(letter=letter, outcome=Outcome.REPLAYED)
+
+
+def _judged(done: Replayed, claimed: Mapping[tuple[str, str], ClaimRow]) -> Replayed:
+    """A dry run's would_replay, told apart by the claim: a no-op, or a reused id."""
+    letter = done.letter
+    claim = claimed.get((letter.tenant, letter.message_id or ""))
+    if claim is None:
+        return done
+    when = claim.processed_at.isoformat(timespec="seconds")
+    if same_body(claim, letter.message.body):
+        return Replayed(
+            letter=letter,
+            outcome=Outcome.WOULD_BE_DUPLICATE,
+            why=f"already processed at {when}: a replay would be a no-op",
+        )
+    return Replayed(
+        letter=letter,
+        outcome=Outcome.WOULD_REPLAY,
+        why=(
+            f"claimed at {when} for another body: dead-lettered again as message_id_reused,"
+            " unless the consumer's own fingerprint ignores the difference"
+        ),
+    )
+
+
+def same_body(claim: ClaimRow, body: bytes) -> bool:
+    """Whether `claim` was made for this JSON body, by the default fingerprint."""
+    try:
+        return claim.fingerprint == fingerprint(json.loads(body))
+    except ValueError:
+        return False
 
 
 def _copy(message: aio_pika.abc.AbstractIncomingMessage) -> aio_pika.Message:
