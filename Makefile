@@ -4,14 +4,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Every package the linters read (add a new top-level package here).
-SOURCES := consumers dedupe ingress providers proving tests
+SOURCES := console consumers dedupe ingress providers proving tests
 
 .PHONY: install demo test check ci lint typecheck imports docs deploy-check bench chaos chaos-cluster clean services wheel
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[demo,bench]' --group dev --group docs
+	$(PY) -m pip install --quiet -e '.[demo,bench,console]' --group dev --group docs
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -82,7 +82,7 @@ wheel: install services
 	$(PY) -m build --wheel --outdir dist .
 	python3 -m venv .wheel-venv
 	.wheel-venv/bin/python -m pip install --quiet --upgrade pip
-	.wheel-venv/bin/python -m pip install --quiet "$$(ls dist/*.whl)[demo]"
+	.wheel-venv/bin/python -m pip install --quiet "$$(ls dist/*.whl)[demo,console]"
 	cd /tmp && $(CURDIR)/.wheel-venv/bin/idempotent-workers demo --jobs 1000 --pushes 100
 
 clean:

@@ -1,5 +1,5 @@
 """`idempotent-workers` (also `python -m consumers`): migrate, run, relay, serve, api-key,
-demo, cleanup, dlq, bench, chaos.
+console, demo, cleanup, dlq, inspect, bench, chaos.
 
 Configuration comes from the environment, read here and nowhere else:
 AMQP_URL, DATABASE_URL, DATABASE_SCHEMA and the IW_* knobs of `Settings.from_env`.
@@ -118,6 +118,17 @@ def _ingress() -> Any:
         ) from exc
 
 
+def _console() -> Any:
+    """`console.serve`, imported by name: the framework never imports its console."""
+    try:
+        return _load("console.serve", "pip install 'idempotent-workers[console]'")
+    except ModuleNotFoundError as exc:  # fastapi, uvicorn, jinja2: the extra is missing
+        raise SystemExit(
+            f"idempotent-workers: console needs {exc.name}:"
+            " pip install 'idempotent-workers[console]'"
+        ) from exc
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="idempotent-workers", description=__doc__)
     parser.add_argument("--log-level", default="info")
@@ -149,6 +160,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("args", nargs=argparse.REMAINDER)
     api_key = sub.add_parser("api-key", help="api-key create --tenant T: a key for serve")
     api_key.add_argument("args", nargs=argparse.REMAINDER)
+    console = sub.add_parser(
+        "console", help="the operator console (web pages); console token create|revoke"
+    )
+    console.add_argument("args", nargs=argparse.REMAINDER)
     bench = sub.add_parser("bench", help="throughput and latency against a bare consumer")
     bench.add_argument("args", nargs=argparse.REMAINDER)
     chaos = sub.add_parser("chaos", help="faults on a schedule, then count lost and doubled")
@@ -163,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # REMAINDER does not take options that come first (`chaos --profile full`):
     # bench and chaos get whatever the top-level parser does not know.
     args, unknown = parser.parse_known_args(argv)
-    passthrough = ("bench", "chaos", "serve", "api-key")
+    passthrough = ("bench", "chaos", "serve", "api-key", "console")
     if unknown and args.command not in passthrough:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command in passthrough:
@@ -194,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
         if args.command == "api-key":
             code = _ingress().api_key_main(args.args, settings)
+            return code
+        if args.command == "console":
+            code = _console().console_main(args.args, settings)
             return code
         if args.command == "dlq":
             return asyncio.run(dlq.run(args, settings))

@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-PACKAGES = ["consumers", "dedupe", "ingress", "providers", "providers.fakes"]
+PACKAGES = ["console", "consumers", "dedupe", "ingress", "providers", "providers.fakes"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

@@ -34,6 +34,9 @@ async def record(ctx: Context) -> None:
     reject = ctx.body.get("reject")
     if isinstance(reject, str):
         raise Reject(reason=reject)
+    held_back = ctx.body.get("reject_while")  # a file: rejected while it exists
+    if isinstance(held_back, str) and Path(held_back).exists():  # noqa: ASYNC240 - a tiny test file
+        raise Reject(reason="held_back")
     hold = ctx.body.get("hold_s")
     marker = os.environ.get("TEST_HOLD_MARKER")
     if isinstance(hold, int | float) and marker:

@@ -1,0 +1,102 @@
+"""`idempotent-workers console` and `idempotent-workers console token create|revoke`.
+
+The CLI loads this module by name, so the framework never imports its console.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+from collections.abc import Sequence
+
+import asyncpg
+import structlog
+import uvicorn
+
+from console.app import create_app
+from console.settings import ConsoleSettings
+from console.tokens import Role, Tokens
+from consumers.settings import Settings
+from dedupe import check_schema
+
+log = structlog.get_logger(__name__)
+
+
+def console_main(argv: Sequence[str], settings: Settings) -> int:
+    if argv[:1] == ["token"]:
+        return _token_main(argv[1:], settings)
+    base = ConsoleSettings.from_env(os.environ)
+    parser = argparse.ArgumentParser(prog="idempotent-workers console")
+    parser.add_argument("--host", default=base.host, help="default 127.0.0.1: this machine only")
+    parser.add_argument("--port", type=int, default=base.port, help="0: any free port")
+    parser.add_argument(
+        "--queue",
+        action="append",
+        default=None,
+        help="a work queue the first page shows (repeat; default IW_CONSOLE_QUEUES)",
+    )
+    parser.add_argument(
+        "--metrics-url", action="append", default=None, help="a worker's /metrics, linked"
+    )
+    args = parser.parse_args(argv)
+    console = ConsoleSettings(
+        host=args.host,
+        port=args.port,
+        queues=tuple(args.queue) if args.queue else base.queues,
+        metrics_urls=tuple(args.metrics_url) if args.metrics_url else base.metrics_urls,
+        scan=base.scan,
+    )
+    return asyncio.run(serve(console, settings))
+
+
+async def serve(console: ConsoleSettings, settings: Settings) -> int:
+    """Serve until SIGTERM or SIGINT."""
+    conn = await asyncpg.connect(settings.database.url)
+    try:
+        await check_schema(conn, settings.database.schema)
+    finally:
+        await conn.close()
+    app = create_app(settings, console)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((console.host, console.port))
+    host, port = sock.getsockname()[:2]
+    server = uvicorn.Server(
+        uvicorn.Config(app, access_log=False, log_config=None, timeout_graceful_shutdown=5)
+    )
+    # A line a parent process (a test) waits for: the port is chosen now.
+    print(f"console: listening on http://{host}:{port}", flush=True)
+    log.info("console_listening", host=host, port=port, queues=list(console.queues))
+    await server.serve(sockets=[sock])
+    return 0
+
+
+def _token_main(argv: Sequence[str], settings: Settings) -> int:
+    parser = argparse.ArgumentParser(prog="idempotent-workers console token")
+    sub = parser.add_subparsers(dest="action", required=True)
+    create = sub.add_parser("create", help="make a token; it is printed once")
+    create.add_argument("--name", required=True, help="who holds it: the audit names them")
+    create.add_argument("--role", type=Role, choices=list(Role), default=Role.READ)
+    revoke = sub.add_parser("revoke", help="revoke a name's token: it stops working at once")
+    revoke.add_argument("--name", required=True)
+    args = parser.parse_args(argv)
+    return asyncio.run(_token(args, settings))
+
+
+async def _token(args: argparse.Namespace, settings: Settings) -> int:
+    conn = await asyncpg.connect(settings.database.url)
+    try:
+        await check_schema(conn, settings.database.schema)
+        tokens = Tokens(settings.database.schema)
+        if args.action == "create":
+            print(await tokens.create(conn, args.name, args.role))
+            return 0
+        if await tokens.revoke(conn, args.name):
+            print(f"console token: revoked {args.name}")
+            return 0
+        print(f"console token: {args.name} has no live token")
+        return 1
+    finally:
+        await conn.close()

@@ -1,0 +1,87 @@
+"""Signing in with an operator token, and who a request is.
+
+The token goes in a cookie (HttpOnly, SameSite=Strict: no other site's page
+can send it along) or, for scripts, an `Authorization: Bearer` header. Every
+request looks it up by its hash, so a revoked token stops working at once.
+A page asked for without one is sent to /login; a button pressed without
+the operator role is refused (403) and nothing is done.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+
+from fastapi import FastAPI, Request
+from fastapi.responses import RedirectResponse, Response
+
+from console.state import SECURITY_HEADERS, Console
+from console.tokens import Operator
+
+COOKIE = "iw_console"
+
+
+class NotSignedIn(Exception):
+    """The request carries no live token."""
+
+
+class NotAllowed(Exception):
+    """The token's role may not do this."""
+
+
+async def operator_of(console: Console, request: Request) -> Operator:
+    token = request.cookies.get(COOKIE, "")
+    bearer = request.headers.get("authorization", "")
+    if bearer.lower().startswith("bearer "):
+        token = bearer[7:].strip()
+    if not token:
+        raise NotSignedIn
+    async with console.db().acquire() as conn:
+        found = await console.tokens.operator(conn, token)
+    if found is None:
+        raise NotSignedIn
+    return found
+
+
+async def form_of(request: Request) -> dict[str, str]:
+    """An urlencoded form's fields (the last of a repeated one)."""
+    body = (await request.body()).decode("utf-8", "replace")
+    return dict(urllib.parse.parse_qsl(body, keep_blank_values=True))
+
+
+def install(app: FastAPI, console: Console) -> None:
+    @app.exception_handler(NotSignedIn)
+    async def not_signed_in(request: Request, exc: NotSignedIn) -> Response:
+        if request.method == "GET":
+            return RedirectResponse("/login", status_code=303)
+        return console.page(request, "error.html", 401, title="Not signed in", text="Sign in.")
+
+    @app.exception_handler(NotAllowed)
+    async def not_allowed(request: Request, exc: NotAllowed) -> Response:
+        return console.page(
+            request,
+            "error.html",
+            403,
+            title="Not allowed",
+            text="This token is read-only: it may not replay or archive. Nothing was done.",
+        )
+
+    @app.get("/login")
+    async def login_page(request: Request) -> Response:
+        return console.page(request, "login.html", error="")
+
+    @app.post("/login")
+    async def login(request: Request) -> Response:
+        token = (await form_of(request)).get("token", "").strip()
+        async with console.db().acquire() as conn:
+            found = await console.tokens.operator(conn, token) if token else None
+        if found is None:
+            return console.page(request, "login.html", 401, error="No such token, or revoked.")
+        answer = RedirectResponse("/", status_code=303, headers=SECURITY_HEADERS)
+        answer.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+        return answer
+
+    @app.post("/logout")
+    async def logout(request: Request) -> Response:
+        answer = RedirectResponse("/login", status_code=303)
+        answer.delete_cookie(COOKIE, path="/")
+        return answer

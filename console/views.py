@@ -1,0 +1,134 @@
+"""What the pages show, read from the broker and the database; nothing here writes.
+
+A DLQ is read as `dlq list` reads it (`consumers.commands.deadletters`): a consumer
+that never acks, its channel closed at once, every message back in place.
+One message's story is `inspect`'s (`dedupe.look_up`).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+
+from console.chart import Chart, arrivals
+from consumers.commands.deadletters import DeadLetter, read_dead_letters
+from consumers.commands.replay import same_body
+from consumers.handlers.retry import dead_letter_queue
+from dedupe import KeyRecord
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReasonRow:
+    reason: str
+    count: int
+    oldest: datetime.datetime | None
+    newest: datetime.datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueView:
+    queue: str
+    dlq: str
+    held: int  # in the DLQ when read
+    read: int
+    reasons: tuple[ReasonRow, ...]
+    oldest: datetime.datetime | None
+    newest: datetime.datetime | None
+    chart: Chart | None
+
+
+async def read_queue(
+    connection: aio_pika.abc.AbstractConnection, queue: str, most: int
+) -> tuple[list[DeadLetter], int]:
+    """Up to `most` dead letters of `queue`'s DLQ and how many it holds; all given back."""
+    channel = await connection.channel()
+    try:
+        return await read_dead_letters(channel, dead_letter_queue(queue), most=most)
+    finally:
+        await channel.close()  # every message read goes back, unacked
+
+
+def summarize(
+    queue: str, letters: Sequence[DeadLetter], held: int, now: datetime.datetime
+) -> QueueView:
+    """Counts, oldest and newest by reason, and the arrivals chart."""
+    by_reason: dict[str, list[DeadLetter]] = {}
+    for letter in letters:
+        by_reason.setdefault(letter.reason, []).append(letter)
+    rows = [
+        ReasonRow(reason=reason, count=len(group), oldest=_first(group), newest=_last(group))
+        for reason, group in by_reason.items()
+    ]
+    rows.sort(key=lambda row: (-row.count, row.reason))
+    return QueueView(
+        queue=queue,
+        dlq=dead_letter_queue(queue),
+        held=held,
+        read=len(letters),
+        reasons=tuple(rows),
+        oldest=_first(letters),
+        newest=_last(letters),
+        chart=arrivals([letter.dead_lettered_at for letter in letters], now),
+    )
+
+
+def _first(letters: Sequence[DeadLetter]) -> datetime.datetime | None:
+    return min((x.dead_lettered_at for x in letters if x.dead_lettered_at), default=None)
+
+
+def _last(letters: Sequence[DeadLetter]) -> datetime.datetime | None:
+    return max((x.dead_lettered_at for x in letters if x.dead_lettered_at), default=None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimVerdict:
+    """What the claim row says a replay of this copy would do."""
+
+    claimed: bool
+    noop: bool  # claimed with this body's default fingerprint
+    text: str
+
+
+def claim_verdict(record: KeyRecord, body: bytes) -> ClaimVerdict:
+    claim = record.claim
+    if claim is None:
+        return ClaimVerdict(
+            claimed=False,
+            noop=False,
+            text="not processed (never committed, or its claim deleted by retention):"
+            " a replay would run it",
+        )
+    when = claim.processed_at.isoformat(timespec="seconds")
+    if same_body(claim, body):
+        return ClaimVerdict(
+            claimed=True,
+            noop=True,
+            text=f"already processed at {when}: a replay would be a no-op",
+        )
+    return ClaimVerdict(
+        claimed=True,
+        noop=False,
+        text=f"claimed at {when} for another body: a replay would be dead-lettered again"
+        " as message_id_reused (unless the consumer's own fingerprint ignores the difference)",
+    )
+
+
+def header_rows(headers: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, object]]:
+    """Every header as (dotted name, value), nested tables and lists flattened, sorted."""
+    for name in sorted(headers):
+        value = headers[name]
+        path = f"{prefix}{name}"
+        if isinstance(value, Mapping):
+            yield from header_rows(value, f"{path}.")
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                if isinstance(item, Mapping):
+                    yield from header_rows(item, f"{path}[{index}].")
+                else:
+                    yield f"{path}[{index}]", item
+        else:
+            yield path, value

@@ -1,0 +1,122 @@
+"""The console over HTTP: tokens and roles, and an intent key acting once.
+
+Dead letters are put straight into the DLQ (as in tests/test_deadletters.py);
+the browser tests have the real worker make them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import time
+
+import aio_pika
+import httpx
+
+from consumers import Settings
+from consumers.broker.topology import declare
+from consumers.handlers.retry import dead_letter_queue
+from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER
+from dedupe import DbConnection
+from tests.apps.effects import FAST_RETRY
+from tests.conftest import AMQP_URL, DATABASE_URL
+from tests.console_support import console_in_process, held, make_tokens, publish
+from tests.support import ROOT
+
+
+async def _topology(channel: aio_pika.abc.AbstractChannel, settings: Settings, queue: str) -> None:
+    await declare(channel, queue, FAST_RETRY, settings.amqp)
+    now_ms = int(time.time() * 1000)
+    for n in (1, 2):
+        headers = {"x-reason": "held_back", DEAD_LETTERED_AT_HEADER: now_ms}
+        await publish(channel, dead_letter_queue(queue), f"order-{n}", {"n": n}, headers)
+
+
+def _intent(page: str) -> str:
+    found = re.search(r'name="intent" value="([A-Za-z0-9_-]+)"', page)
+    assert found, page
+    return found[1]
+
+
+async def test_a_resubmitted_form_replays_once_and_a_read_only_token_cannot_replay(
+    db: DbConnection,
+    schema: str,
+    settings: Settings,
+    channel: aio_pika.abc.AbstractChannel,
+    queue_name: str,
+) -> None:
+    await _topology(channel, settings, queue_name)
+    tokens = await make_tokens(db, schema)
+    async with (
+        console_in_process(settings, queue_name) as url,
+        httpx.AsyncClient(base_url=url) as http,
+    ):
+        as_reader = {"Authorization": f"Bearer {tokens.read}"}
+        as_operator = {"Authorization": f"Bearer {tokens.operator}"}
+        dry = await http.get("/replay", params={"queue": queue_name}, headers=as_reader)
+        assert dry.status_code == 200 and "Read-only token" in dry.text
+        form = {
+            "queue": queue_name,
+            "intent": _intent(
+                (await http.get("/replay", params={"queue": queue_name}, headers=as_operator)).text
+            ),
+        }
+
+        refused = await http.post("/replay", data=form, headers=as_reader)
+        assert refused.status_code == 403
+        assert await held(channel, queue_name) == 2
+        assert await db.fetchval(f'SELECT count(*) FROM "{schema}".console_actions') == 0
+
+        answers = await asyncio.gather(
+            *(http.post("/replay", data=form, headers=as_operator) for _ in range(2))
+        )
+        again = await http.post("/replay", data=form, headers=as_operator)  # resubmitted later
+        for answer in (*answers, again):
+            assert answer.status_code == 303
+            assert answer.headers["location"] == f"/actions/{form['intent']}"
+        assert await db.fetchval(f'SELECT count(*) FROM "{schema}".console_actions') == 1
+        outcomes = await db.fetch(
+            f'SELECT message_id, outcome FROM "{schema}".console_action_messages ORDER BY n'
+        )
+        assert [tuple(r) for r in outcomes] == [("order-1", "replayed"), ("order-2", "replayed")]
+        assert await held(channel, queue_name) == 0
+        work = await channel.declare_queue(queue_name, passive=True)
+        assert work.declaration_result.message_count == 2  # once each, not twice
+
+        shown = await http.get(f"/actions/{form['intent']}", headers=as_operator)
+        assert shown.status_code == 200 and shown.text.count(">replayed<") == 2
+
+
+async def test_a_page_without_a_live_token_asks_to_sign_in(
+    db: DbConnection, schema: str, settings: Settings, queue_name: str
+) -> None:
+    tokens = await make_tokens(db, schema)
+    async with (
+        console_in_process(settings, queue_name) as url,
+        httpx.AsyncClient(base_url=url) as http,
+    ):
+        assert (await http.get("/")).headers["location"] == "/login"
+        bad = await http.post("/login", data={"token": "iwc_made_up"})
+        assert bad.status_code == 401
+        good = await http.post("/login", data={"token": tokens.read})
+        assert good.status_code == 303 and "HttpOnly" in good.headers["set-cookie"]
+        assert "SameSite=strict" in good.headers["set-cookie"]
+        assert (await http.get("/actions")).status_code == 200  # the cookie signs in
+        revoked = subprocess.run(
+            [sys.executable, "-m", "consumers", "console", "token", "revoke", "--name", "rhea"],
+            env={
+                "AMQP_URL": AMQP_URL,
+                "DATABASE_URL": DATABASE_URL,
+                "DATABASE_SCHEMA": schema,
+                "PATH": "/usr/bin",
+            },
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert revoked.returncode == 0, revoked.stderr
+        assert (await http.get("/actions")).headers["location"] == "/login"
