@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import asyncpg
 import structlog
@@ -63,14 +65,33 @@ async def serve(console: ConsoleSettings, settings: Settings) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((console.host, console.port))
     host, port = sock.getsockname()[:2]
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(app, access_log=False, log_config=None, timeout_graceful_shutdown=5)
     )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.stop_soon)
     # A line a parent process (a test) waits for: the port is chosen now.
     print(f"console: listening on http://{host}:{port}", flush=True)
     log.info("console_listening", host=host, port=port, queues=list(console.queues))
     await server.serve(sockets=[sock])
     return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, stopped by our handlers, so that SIGTERM ends it with exit code 0.
+
+    (uvicorn's own handlers raise the signal again once it stopped: a clean
+    stop would read as a crash.)
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    def stop_soon(self) -> None:
+        log.info("console_stopping")
+        self.should_exit = True
 
 
 def _token_main(argv: Sequence[str], settings: Settings) -> int:
@@ -91,7 +112,11 @@ async def _token(args: argparse.Namespace, settings: Settings) -> int:
         await check_schema(conn, settings.database.schema)
         tokens = Tokens(settings.database.schema)
         if args.action == "create":
-            print(await tokens.create(conn, args.name, args.role))
+            try:
+                print(await tokens.create(conn, args.name, args.role))
+            except asyncpg.UniqueViolationError:
+                print(f"console token: {args.name} has a live token: revoke it first")
+                return 1
             return 0
         if await tokens.revoke(conn, args.name):
             print(f"console token: revoked {args.name}")

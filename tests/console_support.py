@@ -67,11 +67,15 @@ def console_process(env: dict[str, str], queue: str, log: Path) -> Iterator[str]
         finally:
             proc.terminate()
             try:
-                proc.wait(timeout=15)
+                code = proc.wait(timeout=15)
+                assert code == 0, f"the console exited {code} on SIGTERM: {log.read_text()}"
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
                 raise AssertionError("the console did not stop within 15 s of SIGTERM") from None
+            finally:
+                if proc.stdout is not None:
+                    proc.stdout.close()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import aio_pika
 import httpx
@@ -22,7 +23,13 @@ from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER
 from dedupe import DbConnection
 from tests.apps.effects import FAST_RETRY
 from tests.conftest import AMQP_URL, DATABASE_URL
-from tests.console_support import console_in_process, held, make_tokens, publish
+from tests.console_support import (
+    console_in_process,
+    console_process,
+    held,
+    make_tokens,
+    publish,
+)
 from tests.support import ROOT
 
 
@@ -120,3 +127,30 @@ async def test_a_page_without_a_live_token_asks_to_sign_in(
         )
         assert revoked.returncode == 0, revoked.stderr
         assert (await http.get("/actions")).headers["location"] == "/login"
+
+
+async def test_the_console_command_serves_this_machine_only_with_a_token_the_cli_made(
+    db: DbConnection, schema: str, queue_name: str, tmp_path: Path
+) -> None:
+    env = {"AMQP_URL": AMQP_URL, "DATABASE_URL": DATABASE_URL, "DATABASE_SCHEMA": schema}
+    made = subprocess.run(
+        [sys.executable, "-m", "consumers", "console", "token", "create", "--name", "ines"],
+        env={**env, "PATH": "/usr/bin"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    assert token.startswith("iwc_")
+    stored = await db.fetchrow(f'SELECT token_hash, role FROM "{schema}".console_tokens')
+    assert stored is not None and stored["role"] == "read"
+    assert token.encode() not in bytes(stored["token_hash"])  # only its hash is kept
+    with console_process(env, queue_name, tmp_path / "console.log") as url:
+        assert url.startswith("http://127.0.0.1:")
+        async with httpx.AsyncClient(base_url=url) as http:
+            page = await http.get("/", headers={"Authorization": f"Bearer {token}"})
+            assert page.status_code == 200 and queue_name in page.text
+            assert page.headers["content-security-policy"].startswith("default-src 'none'")

@@ -300,3 +300,59 @@ async def test_a_property_or_header_name_that_is_not_utf8_stops_nothing(
         assert "header x-\\xfe is not UTF-8" in done.stdout
     assert await ids_in(channel, topology) == ["fine"]
     assert await count(channel, dead_letter_queue(topology)) == 2
+
+
+async def test_replay_dry_run_tells_a_no_op_from_a_run_by_the_claim(
+    db: DbConnection,
+    schema: str,
+    channel: aio_pika.abc.AbstractChannel,
+    queue_name: str,
+    spawn: Spawn,
+) -> None:
+    """The same function the console's dry run calls: a copy whose effect committed is a no-op."""
+    worker = spawn()
+    await wait_declared(AMQP_URL, queue_name)
+    await channel.default_exchange.publish(
+        aio_pika.Message(b'{"n": 9}', message_id="order-9", content_type="application/json"),
+        routing_key=queue_name,
+    )
+
+    async def committed() -> bool:
+        return bool(await db.fetchval("SELECT count(*) FROM effects") == 1)
+
+    await wait_for(committed, timeout=60)
+    worker.terminate()
+    await worker.expect_exit(0)
+    await put_dead_letter(channel, queue_name, "order-9", body=b'{"n": 9}')
+    await put_dead_letter(channel, queue_name, "order-10", body=b'{"n": 10}')
+    await put_dead_letter(channel, queue_name, "order-9", body=b'{"n": 99}')  # reused id
+
+    done = run_cli("dlq", "replay", queue_name, "--dry-run", env={"DATABASE_SCHEMA": schema})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("would_be_duplicate message_id=order-9")
+    assert "a replay would be a no-op" in lines[0]
+    assert lines[1].startswith("would_replay  message_id=order-10")
+    assert (
+        lines[2].startswith("would_replay  message_id=order-9") and "message_id_reused" in lines[2]
+    )
+    assert "would_replay=2 would_be_duplicate=1" in done.stdout
+    assert await count(channel, dead_letter_queue(queue_name)) == 3
+
+
+async def test_archive_takes_only_the_chosen_dead_letters_and_only_when_told_yes(
+    channel: aio_pika.abc.AbstractChannel, topology: str
+) -> None:
+    await put_dead_letter(channel, topology, "keep-1", reason="bad_json")
+    await put_dead_letter(channel, topology, "drop-1", headers={"x-tenant": "acme"})
+    await put_dead_letter(channel, topology, "drop-2", headers={"x-tenant": "other"})
+
+    unsure = run_cli("dlq", "archive", topology, "--tenant", "acme")
+    assert unsure.returncode == 2 and "--yes" in unsure.stdout
+    assert await count(channel, dead_letter_queue(topology)) == 3
+
+    done = run_cli("dlq", "archive", topology, "--tenant", "acme", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("archived      message_id=drop-1")
+    assert "archived=1" in done.stdout
+    assert sorted(await ids_in(channel, dead_letter_queue(topology))) == ["drop-2", "keep-1"]

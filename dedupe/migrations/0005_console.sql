@@ -2,10 +2,10 @@
 
 -- A token is shown once when made; only its SHA-256 is kept. Two roles: `read`
 -- sees every page, `operator` may also replay and archive. Revoked tokens stay,
--- so the audit's `actor` keeps naming someone.
+-- so the audit's `actor` keeps naming someone; a name has one live token at most.
 CREATE TABLE IF NOT EXISTS console_tokens (
     token_hash bytea       PRIMARY KEY,
-    name       text        NOT NULL UNIQUE,
+    name       text        NOT NULL,
     role       text        NOT NULL CHECK (role IN ('read', 'operator')),
     created_at timestamptz NOT NULL DEFAULT now(),
     revoked_at timestamptz
@@ -41,4 +41,6 @@ CREATE TABLE IF NOT EXISTS console_action_messages (
     PRIMARY KEY (intent_key, n)
 );
 
+CREATE UNIQUE INDEX IF NOT EXISTS console_tokens_live_name
+    ON console_tokens (name) WHERE revoked_at IS NULL;
 CREATE INDEX IF NOT EXISTS console_actions_started_at ON console_actions (started_at);
