@@ -43,7 +43,7 @@ imports: install
 # The docs site (mkdocs.yml, docs/) into site/: strict, so a broken link, a
 # missing anchor or an API reference that names nothing fails the build.
 docs: install
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # deploy/ against the real schemas, offline: the Kubernetes manifests for every
 # Kubernetes version deploy/README.md claims, the compose files against the
