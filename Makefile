@@ -55,8 +55,9 @@ deploy-check: install
 	done
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml deploy/compose.yaml
 
+# About 5 minutes on 2 cores; `make bench BENCH_ARGS=--long` for the long form.
 bench: install services
-	$(PY) -m consumers bench
+	$(PY) -m consumers bench $(BENCH_ARGS)
 
 # The send API: new keys and replays as ratios to the same server's trivial endpoint.
 bench-ingress: install services

@@ -2,7 +2,8 @@
 
 No figure is checked here (a benchmark is a command that prints figures);
 what is checked is that each variant consumes everything, that the writing
-ones leave exactly one effect per message, and that the summary line is there.
+ones leave exactly one effect per message, that a progress line comes out
+per run, and that the summary line is there.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ import pytest
 
 from consumers import Settings
 from proving.bench import bench
-from proving.bench.options import DEFAULT_VARIANTS, parse
+from proving.bench.options import (
+    DEFAULT_VARIANTS,
+    LONG_MESSAGES,
+    MESSAGES,
+    SLOW_MESSAGES,
+    SLOW_VARIANTS,
+    parse,
+)
 from proving.bench.stopwatch import Stopwatch
 from proving.bench.workload import job
 
@@ -32,6 +40,45 @@ async def test_every_variant_consumes_everything_once(
     assert "bench: ceiling=" in out and "framework/faststream=" in out, out
     assert "paced: rate=" in out, out
     assert "prefill: rows=2000" in out, out
+    assert "framework/ceiling=" in out and " framework/bare=" in out, out
+    assert "bench: done in " in out, out
+
+
+def _rate(out: str, variant: str) -> float:
+    """The msg/s of `variant`'s first progress line, `run VARIANT 1/1 N msgs R msg/s ...`."""
+    for line in out.splitlines():
+        fields = line.split()
+        if fields[:3] == ["run", variant, "1/1"]:
+            assert fields[4:7:2] == ["msgs", "msg/s"] and " at " in line, line
+            return float(fields[5].replace(",", ""))
+    raise AssertionError(f"no progress line of {variant}:\n{out}")
+
+
+async def test_bare_is_timed_from_outside_and_set_beside_the_framework(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A backlog past the prefetch window, so the queue's depth gives bare a rate.
+    options = parse(
+        [
+            *("--variants", "bare,framework", "--messages", "400", "--prefetch", "50"),
+            *("--repeats", "1", "--paced-seconds", "0"),
+        ]
+    )
+    assert await bench(options, settings) == 0
+    out = capsys.readouterr().out
+    assert _rate(out, "bare") > 0 and _rate(out, "framework") > 0, out
+    summary = next(line for line in out.splitlines() if line.startswith("bench: ceiling="))
+    ratio = summary.split(" framework/bare=")[1].split()[0]
+    assert float(ratio) > 0, summary
+
+
+def test_the_default_runs_the_slow_ones_on_fewer_messages_and_long_on_all() -> None:
+    default, long_form, small = parse([]), parse(["--long"]), parse(["--messages", "60"])
+    assert (default.messages, default.slow_messages) == (MESSAGES, SLOW_MESSAGES)
+    assert SLOW_MESSAGES < MESSAGES and set(SLOW_VARIANTS) <= set(DEFAULT_VARIANTS)
+    assert (long_form.messages, long_form.slow_messages) == (LONG_MESSAGES, LONG_MESSAGES)
+    assert (small.messages, small.slow_messages) == (60, 60)
+    assert parse(["--slow-messages", "30"]).slow_messages == 30
 
 
 def test_the_stopwatch_leaves_aio_pika_as_it_found_it() -> None:

@@ -2,18 +2,23 @@
 
 In one process, on the services of AMQP_URL and DATABASE_URL, in a schema
 and a queue of its own (dropped after): for each variant, pre-publish
---messages persistent ~300-byte JSON jobs, then time first delivery to last
-ack and every message's delivery-to-ack latency; variants interleaved,
---repeats runs each, medians. Then a paced mode (p99 at half the framework's
-rate, load from another process) and, with --prefill ROWS, the framework
-again over a processed_messages of that many rows. Last, the sending side
-(`proving.bench.sending`): the publisher one confirm at a time and
-pipelined, and the outbox relay, with its own paced latency.
+--messages persistent ~300-byte JSON jobs (--slow-messages for the slow
+rivals, whose rate, not their backlog, is what matters), then time first
+delivery to last ack and every message's delivery-to-ack latency; variants
+interleaved, --repeats runs each, medians, a progress line per run. Then a
+paced mode (p99 at half the framework's rate, load from another process)
+and, with --prefill ROWS, the framework again over a processed_messages of
+that many rows. Last, the sending side (`proving.bench.sending`): the
+publisher one confirm at a time and pipelined, and the outbox relay, with
+its own paced latency. The default takes about 5 minutes on 2 cores; --long
+runs every variant with LONG_MESSAGES.
 
-Everything is measured in the bench process, the same way for every variant
-(`proving.bench.stopwatch`); the last line of the table is the summary:
+Every variant but one is measured in the bench process, the same way
+(`proving.bench.stopwatch`); `bare` runs in a process of its own with no
+instrument and is timed by the queue's depth (`proving.bench.untimed`). The
+last line of the table is the summary:
 
-    bench: ceiling=… naive=… faststream=… framework=… framework_batch=… framework/ceiling=…
+    bench: ceiling=… bare=… naive=… … framework/ceiling=… framework/bare=… …
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import asyncio
 import os
 import platform
 import sys
-from collections.abc import Coroutine, Sequence
+import time
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -30,11 +36,19 @@ import aio_pika
 import asyncpg
 
 from consumers import Settings, configure_logging
-from proving.bench.options import PACED_VARIANTS, PREFILL_VARIANTS, BenchOptions, EventLoop, parse
+from proving.bench.options import (
+    LONG_MESSAGES,
+    PACED_VARIANTS,
+    PREFILL_VARIANTS,
+    SLOW_VARIANTS,
+    BenchOptions,
+    EventLoop,
+    parse,
+)
 from proving.bench.prefill import prefill
 from proving.bench.profile import top
 from proving.bench.report import paced_line, prefill_line, summary, table
-from proving.bench.rounds import Rounds, say
+from proving.bench.rounds import Result, Rounds, say, since
 from proving.bench.sandbox import Sandbox
 from proving.bench.sending import sending_bench
 from proving.bench.stopwatch import Stopwatch, Timing
@@ -43,9 +57,9 @@ from proving.bench.variant import Variant
 
 def catalog(names: Sequence[str]) -> list[Variant]:
     """The variants called `names`, in that order; FastStream's only if installed."""
-    from proving.bench import bare, ours
+    from proving.bench import bare, ours, untimed
 
-    known = {v.name: v for v in (*bare.VARIANTS, *ours.VARIANTS)}
+    known = {v.name: v for v in (*bare.VARIANTS, *untimed.VARIANTS, *ours.VARIANTS)}
     try:
         from proving.bench import rival
     except ImportError:
@@ -69,7 +83,32 @@ async def _versions(admin: asyncpg.Connection, connection: Any) -> str:
     )
 
 
+def _counts(options: BenchOptions) -> str:
+    slow = [name for name in options.variants if name in SLOW_VARIANTS]
+    line = f"bench: {options.messages:,} messages per run"
+    if slow and options.slow_messages != options.messages:
+        line += (
+            f", {options.slow_messages:,} for the slow ones ({', '.join(slow)}):"
+            " their rate, and so their ratios, is what matters, not their backlog"
+        )
+    if not options.long:
+        line += f" (--long: {LONG_MESSAGES:,} for every variant)"
+    return line
+
+
+def _fewer(options: BenchOptions, results: Mapping[str, Result]) -> str:
+    slow = [name for name, result in results.items() if result.variant.slow]
+    if not slow or options.slow_messages == options.messages:
+        return ""
+    return (
+        f"{', '.join(slow)}: {options.slow_messages:,} messages a run, the others"
+        f" {options.messages:,}; rates and ratios compare, latencies (which grow with"
+        " the backlog) do not"
+    )
+
+
 async def bench(options: BenchOptions, settings: Settings) -> int:
+    started = time.monotonic()
     amqp = replace(settings.amqp, queue_type=options.queue_type or settings.amqp.queue_type)
     sandbox = Sandbox.fresh(amqp)
     worker_settings = Settings(
@@ -85,10 +124,10 @@ async def bench(options: BenchOptions, settings: Settings) -> int:
         channel = await connection.channel(publisher_confirms=True)
         await sandbox.create(admin, channel)
         say(f"bench: {await _versions(admin, connection)}, event loop {options.loop}")
+        say(_counts(options))
         say(
-            f"bench: {options.messages:,} messages per run, {options.repeats} runs per variant,"
-            f" {amqp.queue_type} queue, prefetch {options.prefetch},"
-            f" logs to {options.log_file}, schema {sandbox.schema}"
+            f"bench: {options.repeats} runs per variant, {amqp.queue_type} queue,"
+            f" prefetch {options.prefetch}, logs to {options.log_file}, schema {sandbox.schema}"
         )
         with Stopwatch().installed() as watch:
             rounds = Rounds(
@@ -98,6 +137,7 @@ async def bench(options: BenchOptions, settings: Settings) -> int:
                 admin=admin,
                 channel=channel,
                 watch=watch,
+                started=started,
             )
             results = (
                 await rounds.rounds(variants, keep_claims=False, phase="run") if variants else {}
@@ -106,6 +146,8 @@ async def bench(options: BenchOptions, settings: Settings) -> int:
             if results:
                 say("")
                 say(table(results))
+                if note := _fewer(options, results):
+                    say(note)
                 say("")
                 say(summary(results))
             if rounds.profiles:
@@ -135,7 +177,7 @@ async def bench(options: BenchOptions, settings: Settings) -> int:
                 wrong += [w for r in full.values() for w in r.wrong]
                 say(prefill_line(options.prefill, seconds, results, full))
         say("")
-        wrong += await sending_bench(options, worker_settings, sandbox, admin, channel)
+        wrong += await sending_bench(options, worker_settings, sandbox, admin, channel, started)
     finally:
         try:
             await sandbox.drop(admin, await connection.channel())
@@ -144,6 +186,7 @@ async def bench(options: BenchOptions, settings: Settings) -> int:
             await admin.close()
     for line in wrong:
         say(f"bench: WRONG {line}")
+    say(f"bench: done in {since(started)}")
     return 1 if wrong else 0
 
 

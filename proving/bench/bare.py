@@ -138,5 +138,6 @@ VARIANTS = (
         name="naive",
         what="bare aio-pika, one transaction per message (claim + effect), pool of 10",
         consume=naive,
+        slow=True,
     ),
 )

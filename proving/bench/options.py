@@ -13,6 +13,7 @@ from consumers import QueueType
 
 DEFAULT_VARIANTS = (
     "ceiling",
+    "bare",
     "ceiling_each",
     "naive",
     "faststream",
@@ -29,6 +30,14 @@ DEFAULT_VARIANTS = (
 SENDING_VARIANTS = ("publisher_each", "publisher_pipelined", "relay")
 PACED_VARIANTS = ("ceiling", "framework", "framework_batch")
 PREFILL_VARIANTS = ("framework", "framework_batch")
+# Slow forms, a run of --slow-messages each: a rate (and so a ratio) needs a
+# few seconds of one, not a backlog that keeps the bench waiting for minutes.
+SLOW_VARIANTS = ("naive", "faststream", "faststream_prefetch", "publisher_each")
+
+# The default bench (about 5 minutes on 2 cores) and its long form (--long).
+MESSAGES = 10_000
+SLOW_MESSAGES = 1_000
+LONG_MESSAGES = 20_000  # every variant, the slow ones too; --scale's default
 
 
 class EventLoop(StrEnum):
@@ -43,7 +52,9 @@ DEFAULT_LOG_FILE = str(Path(tempfile.gettempdir()) / "idempotent-workers-bench.l
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BenchOptions:
-    messages: int = 20_000
+    messages: int = MESSAGES  # per run
+    slow_messages: int = SLOW_MESSAGES  # per run of a SLOW_VARIANTS one
+    long: bool = False  # the long form: LONG_MESSAGES for every variant
     repeats: int = 3
     variants: tuple[str, ...] = DEFAULT_VARIANTS
     prefetch: int = 1000
@@ -64,7 +75,25 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         " aio-pika consumer, a naive exactly-once consumer and FastStream, interleaved,"
         " median of --repeats runs, on the services of AMQP_URL and DATABASE_URL.",
     )
-    parser.add_argument("--messages", type=int, default=20_000, help="per run (default 20000)")
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=None,
+        help=f"per run (default {MESSAGES:,}; with --long {LONG_MESSAGES:,})",
+    )
+    parser.add_argument(
+        "--slow-messages",
+        type=int,
+        default=None,
+        help=f"per run of the slow ones, {', '.join(SLOW_VARIANTS)} (default {SLOW_MESSAGES:,}"
+        " or --messages if fewer; with --long as many as --messages)",
+    )
+    parser.add_argument(
+        "--long",
+        action="store_true",
+        help=f"the long form: {LONG_MESSAGES:,} messages a run for every variant, the slow"
+        " ones too (about 20 minutes on 2 cores, where the default takes about 5)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="runs per variant (median)")
     parser.add_argument(
         "--variants",
@@ -115,10 +144,19 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         parser.error(f"unknown variants: {', '.join(unknown)}")
     if args.profile is not None and args.profile not in variants:
         parser.error(f"--profile {args.profile}: not among --variants")
-    if args.messages < 1 or args.repeats < 1:
-        parser.error("--messages and --repeats must be at least 1")
+    long_form = args.long or args.scale
+    messages = args.messages
+    if messages is None:
+        messages = LONG_MESSAGES if long_form else MESSAGES
+    slow_messages = args.slow_messages
+    if slow_messages is None:
+        slow_messages = messages if long_form else min(messages, SLOW_MESSAGES)
+    if min(messages, slow_messages, args.repeats) < 1:
+        parser.error("--messages, --slow-messages and --repeats must be at least 1")
     return BenchOptions(
-        messages=args.messages,
+        messages=messages,
+        slow_messages=slow_messages,
+        long=args.long,
         repeats=args.repeats,
         variants=variants,
         prefetch=args.prefetch,

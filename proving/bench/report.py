@@ -1,16 +1,25 @@
-"""The bench's table and its one-line summary, all figures from the same run."""
+"""The bench's table and its one-line summary, all figures from the same run.
+
+Two anchors: `ceiling`, timed by the stopwatch like every variant measured
+against it, and `bare`, timed from outside with no instrument in its process
+(`proving.bench.untimed`). `framework/bare` is the ratio a user sees;
+`framework/ceiling` compares two consumers that pay the same instrument.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from proving.bench.rounds import Result
 from proving.bench.stopwatch import Timing
 
-LINE_RATES = ("ceiling", "naive", "faststream", "framework", "framework_batch")
+LINE_RATES = ("ceiling", "bare", "naive", "faststream", "framework", "framework_batch")
 LINE_RATIOS = (
     ("framework", "ceiling"),
+    ("framework", "bare"),
     ("framework_batch", "ceiling"),
+    ("framework_batch", "bare"),
     ("framework", "faststream"),
     ("framework_batch", "faststream"),
 )
@@ -22,24 +31,32 @@ def _ratio(results: Mapping[str, Result], top: str, bottom: str) -> str:
     return f"{results[top].rate / results[bottom].rate:.2f}"
 
 
+def _share(result: Result, anchor: Result | None) -> str:
+    return f"{result.rate / anchor.rate:.2f}" if anchor and anchor.rate else "n/a"
+
+
+def _ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1f}"
+
+
 def table(results: Mapping[str, Result]) -> str:
-    ceiling = results.get("ceiling")
+    ceiling, bare = results.get("ceiling"), results.get("bare")
     rows = [
         f"{'variant':<20} {'msg/s':>8} {'runs (msg/s)':<26} {'p50 ms':>8} {'p99 ms':>8}"
-        f" {'rss MB':>7} {'/ceiling':>8}  what",
+        f" {'rss MB':>7} {'/ceiling':>8} {'/bare':>6}  what",
     ]
     for name, result in results.items():
         runs = " ".join(f"{t.rate:,.0f}" for t in result.timings)
-        share = f"{result.rate / ceiling.rate:.2f}" if ceiling and ceiling.rate else "n/a"
         rows.append(
-            f"{name:<20} {result.rate:>8,.0f} {runs:<26} {result.p50_ms:>8.1f}"
-            f" {result.p99_ms:>8.1f} {result.peak_mb:>7.0f} {share:>8}  {result.variant.what}"
+            f"{name:<20} {result.rate:>8,.0f} {runs:<26} {_ms(result.p50_ms):>8}"
+            f" {_ms(result.p99_ms):>8} {result.peak_mb:>7.0f} {_share(result, ceiling):>8}"
+            f" {_share(result, bare):>6}  {result.variant.what}"
         )
     return "\n".join(rows)
 
 
 def summary(results: Mapping[str, Result]) -> str:
-    """`bench: ceiling=… naive=… … framework/faststream=…`."""
+    """`bench: ceiling=… bare=… naive=… … framework/ceiling=… framework/bare=… …`."""
     parts = [
         f"{name}={results[name].rate:.0f}" if name in results else f"{name}=n/a"
         for name in LINE_RATES
@@ -49,7 +66,7 @@ def summary(results: Mapping[str, Result]) -> str:
 
 
 def paced_line(rate: float, timings: Mapping[str, Timing]) -> str:
-    parts = [f"{name} p50={t.p50_ms:.1f}ms p99={t.p99_ms:.1f}ms" for name, t in timings.items()]
+    parts = [f"{name} p50={_ms(t.p50_ms)}ms p99={_ms(t.p99_ms)}ms" for name, t in timings.items()]
     return f"paced: rate={rate:.0f} msg/s (half of framework) " + " ".join(parts)
 
 

@@ -90,10 +90,12 @@ VARIANTS = (
         name="faststream",
         what="FastStream subscriber as documented, one transaction per message, pool of 10",
         consume=faststream_docs,
+        slow=True,
     ),
     Variant(
         name="faststream_prefetch",
         what="the same with Channel(prefetch_count=1000) (FastStream's default has no limit)",
         consume=faststream_prefetch,
+        slow=True,
     ),
 )

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -51,15 +53,31 @@ class Result:
 
     @property
     def p50_ms(self) -> float:
-        return statistics.median(t.p50_ms for t in self.timings) if self.timings else 0.0
+        return _median([t.p50_ms for t in self.timings])
 
     @property
     def p99_ms(self) -> float:
-        return statistics.median(t.p99_ms for t in self.timings) if self.timings else 0.0
+        return _median([t.p99_ms for t in self.timings])
+
+
+def _median(values: list[float]) -> float:
+    """The median of the timed ones; NaN if none was (see Timing)."""
+    timed = [v for v in values if not math.isnan(v)]
+    return statistics.median(timed) if timed else math.nan
 
 
 def say(line: str) -> None:
     print(line, flush=True)
+
+
+def since(started: float) -> str:
+    """Time since `started` (a `time.monotonic()` reading) as `4m07s`."""
+    minutes, seconds = divmod(int(time.monotonic() - started), 60)
+    return f"{minutes}m{seconds:02d}s"
+
+
+def _ms(value: float) -> str:
+    return "        -" if math.isnan(value) else f"{value:7.1f} ms"
 
 
 class Rounds:
@@ -75,6 +93,7 @@ class Rounds:
         channel: aio_pika.abc.AbstractChannel,
         watch: Stopwatch,
         progress: Callable[[str], None] = say,
+        started: float | None = None,
     ) -> None:
         self.options = options
         self.settings = settings
@@ -83,6 +102,7 @@ class Rounds:
         self.channel = channel
         self.watch = watch
         self.progress = progress
+        self.started = time.monotonic() if started is None else started  # the bench's start
         self._seed = 0
         self.profiles: list[Path] = []  # py-spy's collapsed stacks, one file per sampled run
 
@@ -121,19 +141,21 @@ class Rounds:
     async def once(
         self, variant: Variant, result: Result, *, keep_claims: bool, label: str
     ) -> None:
-        n = self.options.messages
+        """One run of `variant`, its timing added to `result`; `label` begins its line."""
+        n = self.options.slow_messages if variant.slow else self.options.messages
         await self._prepare(keep_claims=keep_claims, backlog=n)
         self.watch.reset(n)
         async with peak_resident() as peak, self._sampled(variant):
-            await variant.consume(self._run(n, self.options.timeout))
-        timing = self.watch.timing()
+            outside = await variant.consume(self._run(n, self.options.timeout))
+        timing = outside or self.watch.timing()
         result.timings.append(timing)
-        result.peak_mb = max(result.peak_mb, peak.megabytes)
+        peak_mb = peak.megabytes if timing.peak_mb is None else timing.peak_mb
+        result.peak_mb = max(result.peak_mb, peak_mb)
         verdict = await self._check(variant, n, result)
         self.progress(
-            f"{label} {variant.name:<20} {timing.rate:>8,.0f} msg/s"
-            f"  p50 {timing.p50_ms:7.1f} ms  p99 {timing.p99_ms:7.1f} ms"
-            f"  rss {peak.megabytes:5.0f} MB  {verdict}"
+            f"{label} {n:>7,} msgs {timing.rate:>8,.0f} msg/s"
+            f"  p50 {_ms(timing.p50_ms)}  p99 {_ms(timing.p99_ms)}"
+            f"  rss {peak_mb:5.0f} MB  {verdict or '-':<10}  at {since(self.started)}"
         )
 
     def _sampled(self, variant: Variant) -> AbstractAsyncContextManager[None]:
@@ -147,15 +169,15 @@ class Rounds:
         self, variants: Sequence[Variant], *, keep_claims: bool, phase: str
     ) -> dict[str, Result]:
         results = {v.name: Result(variant=v) for v in variants}
-        total = len(variants) * self.options.repeats
-        done = 0
-        for k in range(self.options.repeats):
+        repeats = self.options.repeats
+        for k in range(repeats):
             shift = k % len(variants)
             for variant in [*variants[shift:], *variants[:shift]]:
-                done += 1
-                label = f"{phase} [{done:>2}/{total}]"
                 await self.once(
-                    variant, results[variant.name], keep_claims=keep_claims, label=label
+                    variant,
+                    results[variant.name],
+                    keep_claims=keep_claims,
+                    label=f"{phase} {variant.name:<20} {k + 1}/{repeats}",
                 )
         return results
 
@@ -186,6 +208,6 @@ class Rounds:
         timing = self.watch.timing()
         self.progress(
             f"paced {variant.name:<20} at {rate:,.0f} msg/s ({out.decode().strip()} sent):"
-            f"  p50 {timing.p50_ms:.1f} ms  p99 {timing.p99_ms:.1f} ms"
+            f"  p50 {_ms(timing.p50_ms)}  p99 {_ms(timing.p99_ms)}  at {since(self.started)}"
         )
         return timing

@@ -1,7 +1,8 @@
 """The sending side's figures: the publisher, one confirm at a time or pipelined, and the relay.
 
     publisher_each       `await publisher.publish(...)` for each job in turn: one
-                         confirm (a round trip and the broker's fsync) at a time
+                         confirm (a round trip and the broker's fsync) at a time;
+                         --slow-messages jobs a run
     publisher_pipelined  `publisher.publish_many(jobs)`: the window full of
                          publishes in flight, each resolving on its own confirm
     relay                N rows enqueued in one committed transaction, then
@@ -41,7 +42,7 @@ import asyncpg
 from consumers import Job, Publisher, Settings
 from dedupe import quote_ident
 from proving.bench.options import SENDING_VARIANTS, BenchOptions
-from proving.bench.rounds import say
+from proving.bench.rounds import say, since
 from proving.bench.sandbox import Sandbox
 from proving.bench.workload import job
 
@@ -77,8 +78,10 @@ class SendingBench:
         sandbox: Sandbox,
         admin: asyncpg.Connection[asyncpg.Record],
         channel: aio_pika.abc.AbstractChannel,
+        started: float,
     ) -> None:
         self.options = options
+        self.started = started  # time.monotonic() when the bench began
         self.settings = settings  # pointing at the sandbox schema
         self.sandbox = sandbox
         self.admin = admin
@@ -100,14 +103,19 @@ class SendingBench:
         try:
             if relay is not None:
                 await self._relay_ready()
-            n = self.options.messages
+            n, slow = self.options.messages, self.options.slow_messages
             for r in range(self.options.repeats):
                 if "publisher_each" in names:
-                    rates["publisher_each"].append(await self._each(publisher, n, seed=r))
+                    rate = await self._each(publisher, slow, seed=r)
+                    rates["publisher_each"].append(self._shown("publisher_each", r, slow, rate))
                 if "publisher_pipelined" in names:
-                    rates["publisher_pipelined"].append(await self._pipelined(publisher, n, seed=r))
+                    rate = await self._pipelined(publisher, n, seed=r)
+                    rates["publisher_pipelined"].append(
+                        self._shown("publisher_pipelined", r, n, rate)
+                    )
                 if relay is not None:
-                    rates["relay"].append(await self._relay_run(n, tag=f"r{r}"))
+                    rate = await self._relay_run(n, tag=f"r{r}")
+                    rates["relay"].append(self._shown("relay", r, n, rate))
             medians = {name: statistics.median(v) for name, v in rates.items() if v}
             for name, rate in medians.items():
                 runs = ", ".join(f"{x:,.0f}" for x in rates[name])
@@ -126,6 +134,14 @@ class SendingBench:
                     relay.kill()
                     relay.wait()
             await self.channel.queue_delete(self.queue)
+
+    def _shown(self, name: str, r: int, n: int, rate: float) -> float:
+        """`rate`, once the progress line of run `r` of `name` is out."""
+        say(
+            f"sending {name:<20} {r + 1}/{self.options.repeats} {n:>7,} msgs {rate:>8,.0f} msg/s"
+            f"  at {since(self.started)}"
+        )
+        return rate
 
     async def _expect_queued(self, count: int, what: str) -> None:
         """Every job confirmed is in the queue; then empty it for the next run."""
@@ -312,13 +328,19 @@ async def sending_bench(
     sandbox: Sandbox,
     admin: asyncpg.Connection[asyncpg.Record],
     channel: aio_pika.abc.AbstractChannel,
+    started: float,
 ) -> list[str]:
     """Run the sending variants among `options.variants`; return what went wrong."""
     names = [v for v in options.variants if v in SENDING_VARIANTS]
     if not names:
         return []
     runs = SendingBench(
-        options=options, settings=settings, sandbox=sandbox, admin=admin, channel=channel
+        options=options,
+        settings=settings,
+        sandbox=sandbox,
+        admin=admin,
+        channel=channel,
+        started=started,
     )
     await runs.run(names)
     return runs.wrong

@@ -11,6 +11,7 @@ none of them carries timing code of its own.
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import time
 from collections import deque
@@ -27,9 +28,10 @@ class Timing:
     """What one run measured."""
 
     messages: int
-    seconds: float  # first delivery to last ack
-    p50_ms: float
-    p99_ms: float
+    seconds: float  # first delivery to last ack (`bare`: see proving.bench.untimed)
+    p50_ms: float = math.nan  # NaN: not timed message by message (`bare`)
+    p99_ms: float = math.nan
+    peak_mb: float | None = None  # None: the bench process's own, taken by the run
 
     @property
     def rate(self) -> float:

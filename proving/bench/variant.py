@@ -3,7 +3,8 @@
 Each variant consumes `Run.messages` messages from the sandbox's work queue
 and returns once the stopwatch has seen them all acknowledged (or the run's
 time is up), having closed what it opened. The stopwatch, not the variant,
-does the timing.
+does the timing; the one exception is `bare`, timed from outside by the
+queue's depth (`proving.bench.untimed`), which returns its own Timing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from consumers import Settings
 from proving.bench.sandbox import Sandbox
-from proving.bench.stopwatch import Stopwatch
+from proving.bench.stopwatch import Stopwatch, Timing
 
 POOL_SIZE = 10  # the hand-written consumers' asyncpg pool
 
@@ -48,5 +49,6 @@ class Run:
 class Variant:
     name: str
     what: str
-    consume: Callable[[Run], Coroutine[Any, Any, None]]
+    consume: Callable[[Run], Coroutine[Any, Any, Timing | None]]  # None: the stopwatch's
     writes: bool = True  # one effect row per message, checked after the run
+    slow: bool = False  # a slow rival: runs --slow-messages (its rate is what matters)
