@@ -25,8 +25,12 @@ _INTENT = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 
 
 def install(app: FastAPI, console: Console) -> None:
-    async def intent_of(request: Request) -> Intent | Response:
+    async def intent_of(request: Request, *, confirmed: bool = False) -> Intent | Response:
         fields = await form_of(request)
+        if confirmed and fields.get("confirm") != "1":
+            return console.page(
+                request, "error.html", 400, title="Not confirmed", text="Nothing was archived."
+            )
         key = fields.get("intent", "")
         if not _INTENT.match(key):
             return console.page(
@@ -69,7 +73,7 @@ def install(app: FastAPI, console: Console) -> None:
         who = await operator_of(console, request)
         if not who.may_act:
             raise NotAllowed
-        intent = await intent_of(request)
+        intent = await intent_of(request, confirmed=True)
         if isinstance(intent, Response):
             return intent
         with contextlib.suppress(NoSuchQueue):

@@ -7,6 +7,7 @@ the browser tests have the real worker make them.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from consumers import Settings
 from consumers.broker.topology import declare
 from consumers.handlers.retry import dead_letter_queue
 from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER
-from dedupe import DbConnection
+from dedupe import DbConnection, Messages, NewMessage, fingerprint, job_message_id
 from tests.apps.effects import FAST_RETRY
 from tests.conftest import AMQP_URL, DATABASE_URL
 from tests.console_support import (
@@ -154,3 +155,82 @@ async def test_the_console_command_serves_this_machine_only_with_a_token_the_cli
             page = await http.get("/", headers={"Authorization": f"Bearer {token}"})
             assert page.status_code == 200 and queue_name in page.text
             assert page.headers["content-security-policy"].startswith("default-src 'none'")
+
+
+async def test_archive_keeps_each_message_before_it_leaves_the_dlq_once_per_intent(
+    db: DbConnection,
+    schema: str,
+    settings: Settings,
+    channel: aio_pika.abc.AbstractChannel,
+    queue_name: str,
+) -> None:
+    await _topology(channel, settings, queue_name)
+    tokens = await make_tokens(db, schema)
+    async with (
+        console_in_process(settings, queue_name) as url,
+        httpx.AsyncClient(base_url=url) as http,
+    ):
+        as_operator = {"Authorization": f"Bearer {tokens.operator}"}
+        asked = await http.get(
+            "/archive", params={"queue": queue_name, "message_id": "order-2"}, headers=as_operator
+        )
+        assert asked.status_code == 200 and 'name="confirm"' in asked.text
+        form = {"queue": queue_name, "message_id": "order-2", "intent": _intent(asked.text)}
+        refused = await http.post(
+            "/archive", data=form, headers={"Authorization": f"Bearer {tokens.read}"}
+        )
+        assert refused.status_code == 403 and await held(channel, queue_name) == 2
+        unconfirmed = await http.post("/archive", data=form, headers=as_operator)
+        assert unconfirmed.status_code == 400 and await held(channel, queue_name) == 2
+        assert await db.fetchval(f'SELECT count(*) FROM "{schema}".console_actions') == 0
+        for _ in range(2):
+            done = await http.post("/archive", data={**form, "confirm": "1"}, headers=as_operator)
+            assert done.headers["location"] == f"/actions/{form['intent']}"
+        assert await held(channel, queue_name) == 1  # order-1 stays
+        kept = await db.fetch(
+            "SELECT a.action, a.actor, m.message_id, m.outcome, m.body"
+            f' FROM "{schema}".console_actions a'
+            f' JOIN "{schema}".console_action_messages m USING (intent_key)'
+        )
+        assert [tuple(r) for r in kept] == [
+            ("archive", "olivia", "order-2", "archived", b'{"n": 2}')
+        ]
+
+
+async def test_a_send_api_jobs_page_shows_its_key_message_and_outbox_rows(
+    db: DbConnection,
+    schema: str,
+    settings: Settings,
+    channel: aio_pika.abc.AbstractChannel,
+    queue_name: str,
+) -> None:
+    await declare(channel, queue_name, FAST_RETRY, settings.amqp)
+    job = {"targets": [{"platform": "ios", "token": "t-1"}]}
+    accepted = await Messages(schema).accept(
+        db,
+        [
+            NewMessage(
+                tenant="acme",
+                idempotency_key="key-<1>",
+                fingerprint=fingerprint(job),
+                queue=queue_name,
+                targets=1,
+                job=json.dumps(job).encode(),
+            )
+        ],
+    )
+    assert accepted[0].id is not None
+    job_id = job_message_id(accepted[0].id)
+    tokens = await make_tokens(db, schema)
+    async with (
+        console_in_process(settings, queue_name) as url,
+        httpx.AsyncClient(base_url=url) as http,
+    ):
+        page = await http.get(
+            "/message",
+            params={"queue": queue_name, "message_id": job_id, "tenant": "acme"},
+            headers={"Authorization": f"Bearer {tokens.read}"},
+        )
+    assert page.status_code == 200
+    assert "key-&lt;1&gt;" in page.text and str(accepted[0].id) in page.text
+    assert "queued" in page.text and "No outbox rows" not in page.text
