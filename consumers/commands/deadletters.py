@@ -28,6 +28,7 @@ from typing import Any
 import aio_pika
 
 from consumers.broker.headers import read_leniently
+from consumers.commands.printable import printable
 from consumers.message.envelope import (
     ATTEMPT_HEADER,
     NO_MESSAGE_ID_HEADER,
@@ -63,6 +64,14 @@ class DeadLetter:
 
     def age(self, now: datetime.datetime) -> datetime.timedelta | None:
         return None if self.dead_lettered_at is None else now - self.dead_lettered_at
+
+    def is_named(self, wanted: str) -> bool:
+        """Whether `wanted` is this letter's message_id, raw or as `dlq list` prints it.
+
+        An id holding NUL or an escape sequence cannot be typed, nor one that is
+        not UTF-8 (printed `-`, as a missing one is): the printed form can.
+        """
+        return self.message_id == wanted or printable(self.message_id) == wanted
 
 
 def describe(message: Message) -> DeadLetter:

@@ -2,7 +2,10 @@
 
 QUEUE is the work queue (`orders`) or its dead-letter queue (`orders.dlq`).
 Everything printed that came from a message goes through `printable()`: no
-escape sequence, NUL or bidi override reaches the terminal raw.
+escape sequence, NUL or bidi override reaches the terminal raw. `show` takes
+a message_id as typed or as `list` prints it, and shows any body the worker
+dead-letters: one the JSON reader cannot indent (nested past its recursion
+limit, not JSON, not UTF-8) is printed as received.
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
                 channel, dead_letter_queue(queue), most=args.scan
             )
             if args.action == "show":
-                return _show(queue, [x for x in letters if x.message_id == args.message_id])
+                return _show(queue, [x for x in letters if x.is_named(args.message_id)])
             return _list(queue, letters, held, _selection(args))
         finally:
             await channel.close()  # every message read goes back, unacked
@@ -199,7 +202,7 @@ def _scalar(value: object) -> str:
 def _body(body: bytes) -> str:
     try:
         return printable(json.dumps(json.loads(body), indent=2, ensure_ascii=False))
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: `json_too_deep`, say
         return printable(body)
 
 

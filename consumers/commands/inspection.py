@@ -6,6 +6,10 @@
     api         the send API's message and idempotency key rows of an `ingress-` job
     dlq         copies in `<CONSUMER>.dlq` with this message_id and tenant
 
+A MESSAGE_ID (and a tenant) may be given as `dlq list` prints it
+(`order-\\x00-1`, `-`). One that is not UTF-8 (bytes pasted from elsewhere)
+is not looked up in the database, which cannot hold it: it is said so.
+
 The database is only read. The dead-letter queue is read as `dlq list` reads
 it (`consumers.commands.deadletters`): a consumer that never acks, then the channel
 closed, so every message read goes back in place; on RabbitMQ 3.x each one
@@ -27,7 +31,7 @@ from consumers.broker.connection import connect_once
 from consumers.commands.deadletters import DeadLetter, NoSuchQueue, read_dead_letters
 from consumers.commands.printable import printable
 from consumers.handlers.retry import dead_letter_queue
-from consumers.message.envelope import TENANT_HEADER
+from consumers.message.envelope import is_text
 from consumers.push.answers import redact
 from consumers.settings import Settings
 from dedupe import DedupeKey, KeyRecord, look_up
@@ -45,22 +49,29 @@ def register(sub: Any) -> None:
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:
     key = DedupeKey(consumer=args.consumer, tenant=args.tenant, message_id=args.message_id)
-    conn = await asyncpg.connect(settings.database.url)
-    try:
-        record = await look_up(conn, settings.database.schema, key)
-    finally:
-        await conn.close()
     print(
         f"key: consumer={printable(key.consumer)} tenant={printable(key.tenant) or '(none)'}"
         f" message_id={printable(key.message_id)}"
     )
-    _print_record(record)
+    found = False
+    if all(is_text(part) for part in (key.consumer, key.tenant, key.message_id)):
+        conn = await asyncpg.connect(settings.database.url)
+        try:
+            record = await look_up(conn, settings.database.schema, key)
+        finally:
+            await conn.close()
+        _print_record(record)
+        found = record.found
+    else:  # argv read with surrogateescape: bytes no claim can hold
+        print("claim: none (a key that is not UTF-8 is never claimed; not looked up)")
     copies = 0
     if args.no_dlq:
         print("dlq: not read (--no-dlq)")
+    elif not is_text(key.consumer):
+        print("dlq: not read (a consumer name that is not UTF-8 names no queue)")
     else:
         copies = await _print_dead_letters(settings, key, args.scan)
-    return 0 if record.found or copies else 1
+    return 0 if found or copies else 1
 
 
 def _print_record(record: KeyRecord) -> None:
@@ -134,5 +145,7 @@ async def _print_dead_letters(settings: Settings, key: DedupeKey, scan: int) -> 
 
 
 def _is_copy(letter: DeadLetter, key: DedupeKey) -> bool:
-    tenant = (letter.message.headers or {}).get(TENANT_HEADER, "")
-    return letter.message_id == key.message_id and tenant == key.tenant
+    return letter.is_named(key.message_id) and key.tenant in (
+        letter.tenant,
+        printable(letter.tenant),
+    )
