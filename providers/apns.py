@@ -267,6 +267,7 @@ class ApnsProvider:
         if has_key == bool(settings.cert_file):
             raise ValueError("ApnsSettings needs either key, key_id and team_id, or cert_file")
         self.settings = settings
+        self.answer_seconds = settings.timeout_seconds
         self.token: ApnsToken | None = None
         if has_key:
             assert settings.key is not None and settings.key_id is not None
@@ -281,6 +282,17 @@ class ApnsProvider:
         self._closing = False
         self._abandoned: set[_ExactlyOnceProtocol] = set()
         self._bodies = LastBody()
+
+    @property
+    def max_in_flight(self) -> int:
+        """Streams on every connection the pool may open, at the server's limit once known
+        (one per connection before the first SETTINGS say it)."""
+        limits = [
+            min(c.conn.remote_settings.max_concurrent_streams, MAX_STREAMS_PER_CONNECTION)
+            for c in (self._pool.connections if self._pool is not None else ())
+            if isinstance(c, _ExactlyOnceProtocol) and c.peer_settings.is_set()
+        ]
+        return self.settings.max_connections * max(limits, default=1)
 
     async def send(
         self, push: Push, ids: SendIds, *, deadline: float | None = None

@@ -16,8 +16,12 @@ pyfcm's own send path can send one push twice or never return:
   by all threads (`providers.fcm_token`), and a 401 drops it for a fresh one.
 
 A send waits in the thread pool's queue before its POST starts; with a
-`deadline`, a POST that cannot start with its whole timeout (connect + read)
-before it is not made: `NotStartedInTime`, nothing sent. Our credentials or
+`deadline`, a POST starts only if its read timeout and at least
+MIN_CONNECT_SECONDS fit before it, and its connect timeout is cut to what is
+left: a POST that connects too late fails (`ConnectTimeout`, nothing sent)
+instead of being answered after the deadline. One that cannot start is not made:
+`NotStartedInTime`, nothing sent. `answer_seconds` (read timeout plus
+MIN_CONNECT_SECONDS) is what a deadline must leave. Our credentials or
 project refused (401, 403 other than SENDER_ID_MISMATCH, an OAuth refresh
 refused) is `ProviderConfigurationError`: no push is at fault.
 """
@@ -65,6 +69,9 @@ INVALID_TOKEN_CODES = frozenset({"UNREGISTERED"})
 TRANSIENT_CODES = frozenset({"QUOTA_EXCEEDED", "UNAVAILABLE", "INTERNAL"})
 TOKEN_FORBIDDEN_CODES = frozenset({"SENDER_ID_MISMATCH"})  # a 403 about the device, not us
 CONFIGURATION_CODES = frozenset({"THIRD_PARTY_AUTH_ERROR", "PERMISSION_DENIED"})
+# The least connect timeout a POST starts with: a pooled keep-alive connection needs
+# none, a new one to a nearby endpoint a few milliseconds.
+MIN_CONNECT_SECONDS = 0.1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +94,7 @@ class FcmProvider:
 
     def __init__(self, settings: FcmSettings) -> None:
         self.settings = settings
+        self.answer_seconds = settings.timeout_seconds + MIN_CONNECT_SECONDS
         credentials = settings.credentials
         if isinstance(credentials, str | Path):
             # google-auth leaves this classmethod unannotated
@@ -107,20 +115,21 @@ class FcmProvider:
         self._executor = ThreadPoolExecutor(settings.max_workers, thread_name_prefix="fcm-send")
         self._closed = False
 
+    @property
+    def max_in_flight(self) -> int:
+        return self.settings.max_workers
+
     async def send(
         self, push: Push, ids: SendIds, *, deadline: float | None = None
     ) -> ProviderReceipt:
         if self._closed:
             raise TransientProviderError("ProviderClosed", provider=self.name)
-        start_by = float("inf")
-        if deadline is not None:
-            s = self.settings
-            start_by = deadline - s.connect_timeout_seconds - s.timeout_seconds
-            if time.monotonic() > start_by:
-                raise NotStartedInTime("DeadlineBeforeStart", provider=self.name)
+        answer_by = float("inf") if deadline is None else deadline
+        if time.monotonic() > answer_by - self.answer_seconds:
+            raise NotStartedInTime("DeadlineBeforeStart", provider=self.name)
         payload = self._payload(push, ids)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._post, payload, start_by)
+        return await loop.run_in_executor(self._executor, self._post, payload, answer_by)
 
     async def aclose(self) -> None:
         """Stop taking sends, wait for the ones in flight (each bounded by its timeout)."""
@@ -160,16 +169,19 @@ class FcmProvider:
             raise PermanentProviderError(f"InvalidPayload: {exc}", provider=self.name) from exc
         return payload
 
-    def _post(self, payload: bytes, start_by: float) -> ProviderReceipt:
+    def _post(self, payload: bytes, answer_by: float) -> ProviderReceipt:
         """One POST, in a worker thread, unless it is too late to start. Nothing retries."""
         authorization = self.token.header()  # the shared token, fetched when due
         try:
             url = self._fcm.fcm_end_point
         except FCMError as exc:
             raise ProviderConfigurationError("NoProjectId", provider=self.name) from exc
-        if time.monotonic() > start_by:  # waited in the pool's queue too long
+        s = self.settings
+        # Connecting may take what the read timeout leaves before the deadline.
+        connect = min(s.connect_timeout_seconds, answer_by - time.monotonic() - s.timeout_seconds)
+        if connect < MIN_CONNECT_SECONDS:  # waited in the pool's queue too long
             raise NotStartedInTime("DeadlineBeforeStart", provider=self.name)
-        timeout = (self.settings.connect_timeout_seconds, self.settings.timeout_seconds)
+        timeout = (connect, s.timeout_seconds)
         headers = {"Content-Type": "application/json", "Authorization": authorization}
         try:
             response = self._session().post(url, data=payload, headers=headers, timeout=timeout)

@@ -26,11 +26,20 @@ class Provider(Protocol):
 
     `deadline` (`time.monotonic()` seconds, the clock of asyncio's loop) is when the
     caller stops trusting an answer, its ledger lease ending: a request that cannot
-    start with its whole timeout before it is not sent at all (`NotStartedInTime`),
+    start at least `answer_seconds` before it is not sent at all (`NotStartedInTime`),
     whatever queue it waited in. None: no deadline but the provider's own timeout.
+
+    `answer_seconds`: the longest a request can take once started (the provider's
+    timeouts). `max_in_flight`: how many sends it runs at once right now; a caller
+    hands it no more, so a send waits in the caller's queue, where the deadline it
+    is given is read when it can start, not in the provider's queue with a stale one.
     """
 
     name: str
+    answer_seconds: float
+
+    @property
+    def max_in_flight(self) -> int: ...
 
     async def send(
         self, push: Push, ids: SendIds, *, deadline: float | None = None

@@ -27,6 +27,9 @@ class RecordingProvider:
     return or a `ProviderError` to raise, used once each, in order.
     """
 
+    answer_seconds = 0.0
+    max_in_flight = 1000
+
     def __init__(self, name: str = "recording") -> None:
         self.name = name
         self.sends: list[RecordedSend] = []

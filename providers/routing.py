@@ -15,6 +15,11 @@ class PlatformRouter:
     def __init__(self, *, apns: Provider, fcm: Provider) -> None:
         self.apns = apns
         self.fcm = fcm
+        self.answer_seconds = max(apns.answer_seconds, fcm.answer_seconds)
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.apns.max_in_flight + self.fcm.max_in_flight
 
     def provider_for(self, platform: Platform) -> Provider:
         return self.apns if platform is Platform.IOS else self.fcm
