@@ -10,6 +10,12 @@ once it expired, the sender died mid-call and the outcome is unknown, so the
 consumer's `UnknownOutcome` policy decides: RESEND (same ids, the device
 collapses a duplicate) or SKIP (mark it failed).
 
+A worker whose sends outlast one lease extends it while it makes progress
+(`extend`: one statement for every job it holds, compare-and-set on the owner
+and the old expiry) and leases a job's targets in chunks (`open` and `take`
+with `limit`), each new chunk at the expiry the others hold, so one value
+renews them all.
+
 Every transition is a compare-and-set (`UPDATE ... WHERE status = ...`), so
 two workers racing for one row cannot both win, and each statement handles a
 whole batch, its keys in sorted order. No transaction stays open while a
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 import asyncpg
@@ -74,6 +81,7 @@ class SendRow:
     status: SendStatus
     sends: int
     lease_seconds_left: float  # 0 unless `sending` with a live lease
+    lease_expires_at: datetime | None
     mine: bool  # this worker holds the lease now: it must send
     provider_message_id: str | None
     failure_reason: str | None
@@ -92,8 +100,11 @@ class SendResult:
 _COLUMNS = (
     "consumer, tenant, message_id, target_index, platform, token, apns_id::text, collapse_id,"
     " status, sends, provider_message_id, failure_reason, lease_owner,"
-    " greatest(extract(epoch FROM lease_expires_at - now()), 0)::float8"
+    " greatest(extract(epoch FROM lease_expires_at - now()), 0)::float8, lease_expires_at"
 )
+# The expiry of a lease: a chunk taken later joins the one its job's rows hold ($n),
+# else it starts now.
+_EXPIRY = "coalesce(${held}::timestamptz, now() + make_interval(secs => ${secs}))"
 
 
 class SendLedger:
@@ -104,19 +115,29 @@ class SendLedger:
         self._table = f"{quote_ident(schema)}.outbound_sends"
 
     async def open(
-        self, tx: DbConnection, intents: Sequence[SendIntent], lease_seconds: float
-    ) -> None:
-        """Write the intents of new jobs as `sending`, leased to this worker."""
-        if not intents:
-            return
+        self,
+        tx: DbConnection,
+        intents: Sequence[SendIntent],
+        lease_seconds: float,
+        *,
+        leased: int | None = None,
+    ) -> datetime:
+        """Write the intents of new jobs: the first `leased` targets of each job (all, if
+        None) as `sending`, leased to this worker, the others `claimed`; return the expiry."""
         ordered = sorted(intents, key=lambda i: i.target)
-        await tx.execute(
-            f"INSERT INTO {self._table} (consumer, tenant, message_id, target_index, platform,"
-            " token, apns_id, collapse_id, status, lease_owner, lease_expires_at, sends)"
-            " SELECT c, t, m, i, p, tok, a::uuid, col, 'sending', $9,"
-            "  now() + make_interval(secs => $10), 1"
+        first = len(ordered) if leased is None else leased
+        expiry: datetime = await tx.fetchval(
+            f"WITH written AS (INSERT INTO {self._table} (consumer, tenant, message_id,"
+            " target_index, platform, token, apns_id, collapse_id, status, lease_owner,"
+            " lease_expires_at, sends)"
+            " SELECT c, t, m, i, p, tok, a::uuid, col,"
+            "  CASE WHEN i < $11 THEN 'sending' ELSE 'claimed' END,"
+            "  CASE WHEN i < $11 THEN $9 END,"
+            "  CASE WHEN i < $11 THEN now() + make_interval(secs => $10) END,"
+            "  CASE WHEN i < $11 THEN 1 ELSE 0 END"
             " FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::text[],"
-            "  $7::text[], $8::text[]) AS x(c, t, m, i, p, tok, a, col)",
+            "  $7::text[], $8::text[]) AS x(c, t, m, i, p, tok, a, col))"
+            " SELECT now() + make_interval(secs => $10)",
             [i.target.key.consumer for i in ordered],
             [i.target.key.tenant for i in ordered],
             [i.target.key.message_id for i in ordered],
@@ -127,7 +148,9 @@ class SendLedger:
             [i.collapse_id for i in ordered],
             self.owner,
             lease_seconds,
+            first,
         )
+        return expiry
 
     async def take(
         self,
@@ -135,14 +158,19 @@ class SendLedger:
         keys: Sequence[DedupeKey],
         lease_seconds: float,
         policy: UnknownOutcome,
+        *,
+        limit: int | None = None,
+        held: datetime | None = None,
     ) -> list[SendRow]:
         """For jobs claimed before: lease what may be sent now; return every row.
 
         `claimed` rows, and `sending` rows whose lease expired (under RESEND),
         move to `sending` leased to this worker (`mine`; a taken-over lease
-        reads `failure_reason == LEASE_EXPIRED`). Under SKIP an expired
-        `sending` row becomes `failed`. A live lease of another worker is left
-        alone: the caller requeues that job.
+        reads `failure_reason == LEASE_EXPIRED`), at most `limit` per job, in
+        target order, expiring at `held` (the lease the job's other rows hold)
+        or `lease_seconds` from now. Under SKIP an expired `sending` row becomes
+        `failed`. A live lease of another worker is left alone: the caller
+        requeues that job.
         """
         if not keys:
             return []
@@ -165,17 +193,27 @@ class SendLedger:
             )
         # A `sending` row taken here lost its sender mid-call: say so in its
         # failure_reason (SET reads the old status) until its answer is recorded.
+        # The first `limit` takeable rows of each job, found and locked by the key's
+        # index (LATERAL ... LIMIT), then updated by primary key, as `record` does.
         taken = await tx.fetch(
-            f"UPDATE {self._table} o SET status = 'sending', lease_owner = $4,"
-            " lease_expires_at = now() + make_interval(secs => $5), sends = o.sends + 1,"
+            "WITH chosen AS MATERIALIZED (SELECT r.consumer, r.tenant, r.message_id,"
+            f" r.target_index FROM {keys_sql} CROSS JOIN LATERAL (SELECT r.* FROM {self._table} r"
+            "  WHERE (r.consumer, r.tenant, r.message_id) = (k.c, k.t, k.m)"
+            "  AND (r.status = 'claimed' OR (r.status = 'sending' AND r.lease_expires_at < now()))"
+            "  ORDER BY r.target_index LIMIT $7 FOR UPDATE) AS r)"
+            f" UPDATE {self._table} o SET status = 'sending', lease_owner = $4,"
+            f" lease_expires_at = {_EXPIRY.format(held=8, secs=5)}, sends = o.sends + 1,"
             " failure_reason = CASE WHEN o.status = 'sending' THEN $6 ELSE o.failure_reason END,"
-            " updated_at = now()" + match + " AND (o.status = 'claimed'"
-            " OR (o.status = 'sending' AND o.lease_expires_at < now()))"
+            " updated_at = now() FROM chosen AS x"
+            " WHERE (o.consumer, o.tenant, o.message_id, o.target_index)"
+            " = (x.consumer, x.tenant, x.message_id, x.target_index)"
             " RETURNING o.target_index, o.consumer, o.tenant, o.message_id",
             *arrays,
             self.owner,
             lease_seconds,
             LEASE_EXPIRED,
+            limit,
+            held,
         )
         mine = {
             TargetKey(key=DedupeKey(consumer=r[1], tenant=r[2], message_id=r[3]), target_index=r[0])
@@ -187,6 +225,46 @@ class SendLedger:
             *arrays,
         )
         return [_row(r, mine) for r in rows]
+
+    async def extend(
+        self,
+        tx: DbConnection,
+        keys: Sequence[DedupeKey],
+        held: datetime,
+        lease_seconds: float,
+    ) -> tuple[datetime, dict[DedupeKey, int]]:
+        """Renew this worker's live lease on the `sending` rows of `keys` expiring at `held`.
+
+        One statement for all the jobs, a compare-and-set on the owner and the
+        old expiry: a row whose lease lapsed, or that another worker took over,
+        is not renewed. Returns the new expiry and, per job, the rows renewed.
+        """
+        ordered = sorted(set(keys))
+        rows = await tx.fetch(
+            f"WITH renewed AS (UPDATE {self._table} o"
+            " SET lease_expires_at = now() + make_interval(secs => $5)"
+            " FROM unnest($1::text[], $2::text[], $3::text[]) AS k(c, t, m)"
+            " WHERE (o.consumer, o.tenant, o.message_id) = (k.c, k.t, k.m)"
+            " AND o.status = 'sending' AND o.lease_owner = $4 AND o.lease_expires_at = $6"
+            " AND o.lease_expires_at > now()"
+            " RETURNING o.consumer, o.tenant, o.message_id)"
+            " SELECT now() + make_interval(secs => $5), r.consumer, r.tenant, r.message_id,"
+            "  count(r.message_id)::int"
+            " FROM (SELECT 1) AS one LEFT JOIN renewed r ON true GROUP BY 2, 3, 4",
+            [k.consumer for k in ordered],
+            [k.tenant for k in ordered],
+            [k.message_id for k in ordered],
+            self.owner,
+            lease_seconds,
+            held,
+        )
+        expiry: datetime = rows[0][0]
+        renewed = {
+            DedupeKey(consumer=r[1], tenant=r[2], message_id=r[3]): r[4]
+            for r in rows
+            if r[3] is not None
+        }
+        return expiry, renewed
 
     async def record(self, tx: DbConnection, results: Sequence[SendResult]) -> list[TargetKey]:
         """Record provider answers on rows this worker still leases; return those recorded.
@@ -248,5 +326,6 @@ def _row(record: asyncpg.Record, mine: set[TargetKey]) -> SendRow:
         provider_message_id=record[10],
         failure_reason=record[11],
         lease_seconds_left=float(record[13] or 0.0) if status is SendStatus.SENDING else 0.0,
+        lease_expires_at=record[14],
         mine=target in mine,
     )
