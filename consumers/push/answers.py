@@ -7,7 +7,7 @@ and, once every target of a job has answered, for the job's message.
 | InvalidDeviceToken | `failed` (the hook prunes it) | effect committed |
 | PermanentProviderError | `failed` | effect committed |
 | ProviderConfigurationError | `claimed` | retried when the probe is due, free |
-| NotStartedInTime | `claimed` | retried at once, free if another target started |
+| NotStartedInTime | `claimed` | retried at once, free (our lease, not the provider) |
 | TransientProviderError | `claimed` | retried, no sooner than Retry-After |
 | UnknownOutcomeError, a bug | `claimed` (RESEND), `failed` (SKIP) | retried / committed |
 
@@ -139,9 +139,8 @@ def job_verdict(answers: Sequence[Answered]) -> Verdict:
     delay = max((a.retry_after for a in deferred if a.retry_after is not None), default=None)
     if worst.defer is Defer.NOT_STARTED and delay is None:
         delay = 0.0  # the soonest tier: the queue that held it back has moved on
-    # No attempt spent on our own pause or queue, unless the job made no progress at all.
-    progressed = len(deferred) < len(answers)
-    free = worst.defer is Defer.PAUSED or (worst.defer is Defer.NOT_STARTED and progressed)
+    # No attempt spent on our own pause or lease: neither is the provider's failure.
+    free = worst.defer in (Defer.PAUSED, Defer.NOT_STARTED)
     why = worst.result.failure_reason or ""
     return retry(str(worst.defer), delay=delay, error=why, spend_attempt=not free)
 

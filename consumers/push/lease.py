@@ -1,0 +1,118 @@
+"""A batch's send lease, followed by the work: renewed while the worker makes progress.
+
+Every target a batch holds in `sending` carries one expiry (chunks taken later
+join it). The worker knows it by two clocks: PostgreSQL's value, which a
+renewal compares-and-sets, and a local end on `time.monotonic()`, taken before
+the statement that set it, so it is never later than the real one.
+
+1. a send starts only while `answer_by()` (the end, less LEASE_MARGIN of the
+   lease to record the answer) leaves the provider's `answer_seconds`;
+2. every EXTEND_EVERY of the lease, one statement renews the lease of every
+   job the batch still holds (`SendLedger.extend`); the local end moves to the
+   statement's start plus the lease;
+3. a renewal that fails (an error, no answer within the lease's remainder, or
+   a row of ours not renewed: its lease lapsed or another worker took it) loses
+   the lease for good: `lost` is set and no send of the batch starts again.
+
+With renewals on time, the least lease a send can meet is the lease less one
+renewal period and one renewal's own time: `usable_seconds` is what the start
+check (`check_lease`) holds a provider's `answer_seconds` against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from datetime import datetime
+
+import asyncpg
+import structlog
+
+from consumers.message.decisions import ConfigurationError
+from dedupe import DedupeKey, SendLedger
+from providers import PlatformRouter, Provider
+
+log = structlog.get_logger(__name__)
+
+LEASE_MARGIN = 0.1  # of the lease, kept at its end to record the last answers
+EXTEND_EVERY = 0.1  # of the lease: how often a held lease is renewed
+RENEWAL_ALLOWANCE = 0.1  # of the lease: what a renewal itself may take, on time
+
+
+class LeaseTooShort(ConfigurationError):
+    """No send could ever start: the lease leaves less than the provider's answer time."""
+
+
+def usable_seconds(lease_seconds: float) -> float:
+    """The least time a send can find before `answer_by()` while renewals are on time."""
+    return lease_seconds * (1 - LEASE_MARGIN - EXTEND_EVERY - RENEWAL_ALLOWANCE)
+
+
+def check_lease(queue: str, lease_seconds: float, provider: Provider) -> None:
+    """Refuse, in one line naming the setting, a lease under which no send can start.
+
+    The rule the sends follow (`Lease.answer_by()` less the provider's
+    `answer_seconds`, with renewals on time), checked once for each provider."""
+    inner = [provider.apns, provider.fcm] if isinstance(provider, PlatformRouter) else [provider]
+    usable = usable_seconds(lease_seconds)
+    for one in inner:
+        if usable < one.answer_seconds:
+            least = one.answer_seconds / (usable / lease_seconds)
+            raise LeaseTooShort(
+                f"queue {queue}: lease_seconds={lease_seconds:g} leaves {usable:.2f} s to start"
+                f" a send, {one.name} needs {one.answer_seconds:g} s (its timeouts): set"
+                f" lease_seconds to at least {least:.1f}, or lower {one.name}'s timeout_seconds"
+            )
+
+
+class Lease:
+    """The lease a batch holds on its jobs' `sending` rows (see the module docstring)."""
+
+    def __init__(
+        self, ledger: SendLedger, *, expires_at: datetime, ends: float, lease_seconds: float
+    ) -> None:
+        self.ledger = ledger
+        self.expires_at = expires_at  # PostgreSQL's value: the compare-and-set's old expiry
+        self.ends = ends  # time.monotonic(), never later than the real end
+        self.lease_seconds = lease_seconds
+        self.lost = False
+        self.renewed = asyncio.Event()  # set at each renewal (and when lost): waiters recheck
+        self._last = ends - lease_seconds
+
+    def answer_by(self) -> float:
+        """The deadline a send is given: the lease's end less the time to record its answer."""
+        return -float("inf") if self.lost else self.ends - LEASE_MARGIN * self.lease_seconds
+
+    def due_in(self) -> float:
+        """Seconds until the next renewal is due."""
+        return max(0.0, self._last + EXTEND_EVERY * self.lease_seconds - time.monotonic())
+
+    async def extend(self, pool: asyncpg.Pool, held: Mapping[DedupeKey, int]) -> None:
+        """Step 2: renew the lease of `held` (rows of each job we lease, unrecorded)."""
+        if self.lost or not held:
+            return
+        started = time.monotonic()
+        self._last = started
+        try:
+            async with asyncio.timeout(max(0.0, self.ends - started)):
+                async with pool.acquire() as conn:
+                    expiry, renewed = await self.ledger.extend(
+                        conn, list(held), self.expires_at, self.lease_seconds
+                    )
+        except Exception as exc:  # step 3: any failure ends the lease here
+            self._lose(f"{type(exc).__name__}: {exc}")
+            return
+        short = {key: n for key, n in held.items() if renewed.get(key, 0) < n}
+        if short:
+            self._lose(f"{len(short)} jobs' rows not renewed (lapsed or taken over)")
+            return
+        self.expires_at = expiry
+        self.ends = started + self.lease_seconds
+        self.renewed.set()
+        self.renewed.clear()
+
+    def _lose(self, why: str) -> None:
+        self.lost = True
+        self.renewed.set()
+        log.warning("push_lease_lost", reason=why, lease_s=self.lease_seconds)

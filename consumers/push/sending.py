@@ -1,0 +1,281 @@
+"""Steps 2 and 3 of a push batch: send its jobs' targets chunk by chunk, record the answers.
+
+One loop per batch does every database write of the batch after its claim,
+one at a time, so what it believes it holds is what the ledger says:
+
+- it records the answers as they come (one transaction for every answer that
+  arrived within RECORD_WINDOW_SECONDS of the first one not yet recorded, or
+  while the previous transaction ran): a crash then re-sends only what was in
+  flight or not yet recorded;
+- it renews the batch's lease when due (`consumers.push.lease`), for every job
+  with rows leased and unrecorded;
+- when fewer than half a chunk of a job is leased and unanswered, it leases the
+  next CHUNK_TARGETS of its targets, at the expiry the others hold: what is
+  leased and not started stays about one chunk per job, whatever its size;
+- a job whose leased targets are all answered and recorded, with none left to
+  lease (or the lease lost), is settled then, on its own.
+
+Sends run with no transaction open, at most `max_in_flight` per provider (the
+rest wait here, so the deadline a send is given is read when it can start),
+each only while its lease leaves the provider's `answer_seconds`; a send that
+met a lease too short waits for its renewal, and none starts once it is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import asyncpg
+
+from consumers.handlers.spec import PushSpec
+from consumers.message.verdict import Verdict
+from consumers.pipeline.deliveries import Item
+from consumers.push.answers import Answered, Send, answered, paused, probe_result
+from consumers.push.circuit import Circuits
+from consumers.push.job import PushJob
+from consumers.push.lease import Lease
+from dedupe import DedupeKey, SendRow, SendStatus
+from providers import (
+    NotStartedInTime,
+    Platform,
+    PlatformRouter,
+    Provider,
+    ProviderReceipt,
+    UnknownOutcomeError,
+)
+
+CHUNK_TARGETS = 100  # targets of one job leased at once
+RECORD_WINDOW_SECONDS = 0.05  # how long answers gather before a recording transaction
+
+
+class FanoutSteps(Protocol):
+    """What the runner does for a fanout: the database steps and a job's verdict."""
+
+    async def record(self, answers: list[Answered]) -> bool:
+        """Step 3 for `answers`, in one transaction; False: not recorded (database lost)."""
+
+    async def take_chunks(self, items: list[Item], lease: Lease) -> list[SendRow] | None:
+        """Lease the next chunk of these jobs at `lease`; every row; None: database lost."""
+
+    def new_send(self, item: Item, job: PushJob, index: int) -> Send: ...
+
+    def verdict(self, progress: JobProgress) -> Verdict:
+        """The verdict of a job whose leased targets are all answered (or lost)."""
+
+    async def settle(self, decided: Sequence[tuple[Item, Verdict]]) -> None: ...
+
+
+@dataclass(slots=True, kw_only=True)
+class JobProgress:
+    """One job of the batch: what is leased and unrecorded, what is left to lease."""
+
+    item: Item
+    job: PushJob
+    takeable: int  # rows we may still lease, as far as the claim or the last chunk showed
+    held: int = 0  # rows leased to us whose answer is not recorded yet
+    answers: list[Answered] = field(default_factory=list)
+    unrecorded: bool = False
+    waits: Verdict | None = None  # its verdict if other targets wait on another worker's lease
+
+
+def takeable(rows: Sequence[SendRow]) -> int:
+    """Rows a chunk could still lease: `claimed`, or `sending` under a lapsed lease."""
+    return sum(
+        r.status is SendStatus.CLAIMED
+        or (r.status is SendStatus.SENDING and not r.mine and r.lease_seconds_left == 0)
+        for r in rows
+    )
+
+
+def sub_provider(provider: Provider, platform: Platform) -> Provider:
+    """The provider a target of `platform` goes to (a router's own, inside)."""
+    if isinstance(provider, PlatformRouter):
+        return provider.provider_for(platform)
+    return provider
+
+
+class ProviderGate:
+    """At most `max_in_flight` sends in each provider; the others wait here, in order."""
+
+    def __init__(self) -> None:
+        self._busy: dict[int, int] = {}
+        self._freed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def slot(self, provider: Provider) -> AsyncIterator[None]:
+        key = id(provider)
+        async with self._freed:
+            await self._freed.wait_for(
+                lambda: self._busy.get(key, 0) < max(1, provider.max_in_flight)
+            )
+            self._busy[key] = self._busy.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            async with self._freed:
+                self._busy[key] -= 1
+                self._freed.notify_all()
+
+
+class Fanout:
+    """One batch's sends, records, renewals and chunks (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        push: PushSpec,
+        pool: asyncpg.Pool,
+        provider: Provider,
+        circuits: Circuits,
+        gate: ProviderGate,
+        lease: Lease,
+        steps: FanoutSteps,
+    ) -> None:
+        self.push = push
+        self.pool = pool
+        self.provider = provider
+        self.circuits = circuits
+        self.gate = gate
+        self.lease = lease
+        self.steps = steps
+        self._arrived: list[Answered] = []
+        self._new_answer = asyncio.Event()
+        self._everything = asyncio.Event()
+        self._outstanding = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self, jobs: list[JobProgress], sends: list[Send], settled: set[Item]) -> None:
+        progress = {p.item: p for p in jobs}
+        try:
+            self._start(progress, sends)
+            while progress:
+                await self._wait()
+                if self.lease.due_in() == 0:
+                    held = {
+                        p.item.envelope.key: p.held
+                        for p in progress.values()
+                        if p.held and p.item.envelope is not None
+                    }
+                    await self.lease.extend(self.pool, held)
+                group, self._arrived = self._arrived, []
+                recorded = await self.steps.record(group) if group else True
+                for answer in group:
+                    p = progress[answer.send.item]
+                    p.held -= 1
+                    p.answers.append(answer)
+                    p.unrecorded = p.unrecorded or not recorded
+                await self._refill(progress)
+                # Nothing leased and unrecorded: its chunks are done, or none is left to lease.
+                done = [p for p in progress.values() if p.held == 0]
+                for p in done:
+                    del progress[p.item]
+                verdicts = [(p.item, self.steps.verdict(p)) for p in done]
+                await self.steps.settle(verdicts)
+                settled.update(p.item for p in done)
+        finally:
+            # Never cancel a send on the wire; an error above waits for them.
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _more(self, p: JobProgress) -> bool:
+        """Targets left to lease that this batch may still lease."""
+        return p.takeable > 0 and not self.lease.lost and not p.unrecorded
+
+    async def _wait(self) -> None:
+        """Until an answer came (and the others of its moment) or the renewal is due."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._new_answer.wait(), self.lease.due_in())
+        if self._arrived:
+            # Answers of one batch come close together: give the rest a
+            # moment, so a batch usually takes one recording transaction
+            # and a slow straggler does not hold the others' records back.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._everything.wait(), RECORD_WINDOW_SECONDS)
+        self._new_answer.clear()
+
+    async def _refill(self, progress: dict[Item, JobProgress]) -> None:
+        """Lease the next chunk of every job with less than half a chunk unanswered."""
+        wanting = [
+            p.item for p in progress.values() if self._more(p) and p.held < CHUNK_TARGETS // 2
+        ]
+        if not wanting:
+            return
+        rows = await self.steps.take_chunks(wanting, self.lease)
+        if rows is None:  # the database is lost: take nothing more
+            for item in wanting:
+                progress[item].takeable = 0
+            return
+        by_job: dict[DedupeKey, list[SendRow]] = {}
+        for row in rows:
+            by_job.setdefault(row.target.key, []).append(row)
+        sends: list[Send] = []
+        for item in wanting:
+            assert item.envelope is not None
+            p = progress[item]
+            of_job = by_job.get(item.envelope.key, [])
+            p.takeable = takeable(of_job)
+            sends += [
+                self.steps.new_send(item, p.job, r.target.target_index) for r in of_job if r.mine
+            ]
+        self._start(progress, sends)
+
+    def _start(self, progress: dict[Item, JobProgress], sends: list[Send]) -> None:
+        for send in sends:
+            progress[send.item].held += 1
+            self._outstanding += 1
+            self._everything.clear()
+            task = asyncio.create_task(self._send(send))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, send: Send) -> None:
+        cancelled: asyncio.CancelledError | None = None
+        target = sub_provider(self.provider, send.device.platform)
+        try:
+            async with self.gate.slot(target):
+                answer = await self._attempt(send, target)
+        except asyncio.CancelledError as exc:  # counted below, then re-raised
+            cancelled = exc
+            answer = answered(send, UnknownOutcomeError("Cancelled"), self.push.unknown_outcome)
+        self._arrived.append(answer)
+        self._new_answer.set()
+        self._outstanding -= 1
+        if self._outstanding == 0:
+            self._everything.set()
+        if cancelled is not None:
+            raise cancelled
+
+    async def _attempt(self, send: Send, target: Provider) -> Answered:
+        """One send, once its lease leaves `target` the time to answer; none once lost."""
+        policy, lease = self.push.unknown_outcome, self.lease
+        circuit = self.circuits.of(send.provider)
+        while True:
+            answer_by = lease.answer_by()
+            if lease.lost:
+                return answered(send, NotStartedInTime("LeaseLost", provider=target.name), policy)
+            if time.monotonic() > answer_by - target.answer_seconds:
+                await self._renewal()  # the lease is due a renewal: wait for it
+                continue
+            if not circuit.admit():
+                return paused(send, circuit.reason or "", circuit.seconds_to_probe())
+            reply: ProviderReceipt | BaseException
+            try:
+                push = send.job.push_for(send.device)
+                reply = await self.provider.send(push, send.ids, deadline=answer_by)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # translated by answered(); a bug is unknown
+                reply = exc
+            circuit.observe(probe_result(reply), getattr(reply, "reason", ""))
+            if isinstance(reply, NotStartedInTime) and not lease.lost:
+                await self._renewal()  # nothing sent: try again on the renewed lease
+                continue
+            return answered(send, reply, policy)
+
+    async def _renewal(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.lease.renewed.wait(), self.lease.lease_seconds)
