@@ -29,6 +29,7 @@ import structlog
 from consumers.broker.conflicts import TopologyConflict
 from consumers.handlers.app import load_app
 from consumers.message.verdict import error_text
+from consumers.push.lease import LeaseTooShort
 from consumers.retention.cleaner import clean_periodically
 from consumers.retention.retry_horizon import check_retention, retention_need
 from consumers.runtime.watchdog import Watchdog
@@ -46,8 +47,9 @@ log = structlog.get_logger(__name__)
 # 0 is a stop that was asked for, a traceback's 1 a bug.
 EXIT_START_FAILED = 3
 # A start refused by the configuration (a queue that exists with other
-# arguments): EX_CONFIG of sysexits.h; restarting cannot cure it, so a
-# supervisor does not restart such a child and exits with it.
+# arguments, a push lease under which no send could start): EX_CONFIG of
+# sysexits.h; restarting cannot cure it, so a supervisor does not restart such
+# a child and exits with it.
 EXIT_CONFIG = 78
 # What a start fails on that a restart may cure: a service down, a connection cut.
 START_FAILURES: tuple[type[BaseException], ...] = (
@@ -97,6 +99,15 @@ async def run_process(target: str, settings: Settings) -> int:
                     declared=conflict.declared,
                     refused=conflict.refused,
                     existing=conflict.existing,
+                    exit_code=EXIT_CONFIG,
+                )
+                return EXIT_CONFIG
+            if isinstance(short := starting.exception(), LeaseTooShort):
+                # No send could ever start under these settings: the line says which to change.
+                log.error(
+                    "start_failed",
+                    error="lease_too_short",
+                    detail=str(short),
                     exit_code=EXIT_CONFIG,
                 )
                 return EXIT_CONFIG

@@ -44,6 +44,7 @@ from consumers.pipeline.runner import Runner
 from consumers.pipeline.settle import Dispatcher
 from consumers.publishing.relay import Relay
 from consumers.push.circuit import Circuits, CircuitState, CircuitView
+from consumers.push.lease import check_lease
 from consumers.push.runner import PushRunner
 from consumers.settings import Settings
 from consumers.telemetry.health import CHECK_TIMEOUT_SECONDS, Status
@@ -139,7 +140,8 @@ class Worker:
         """The queue's provider, built once inside the running loop."""
         assert spec.push is not None
         if spec.queue not in self._providers:
-            self._providers[spec.queue] = await spec.push.provider()
+            provider = self._providers[spec.queue] = await spec.push.provider()
+            check_lease(spec.queue, spec.push.lease_seconds, provider)  # else no send could start
         return self._providers[spec.queue]
 
     def _circuits_of(self, spec: HandlerSpec) -> Circuits:
