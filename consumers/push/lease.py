@@ -31,6 +31,7 @@ import structlog
 
 from consumers.message.decisions import ConfigurationError
 from dedupe import DedupeKey, SendLedger
+from dedupe.lost import dropped_if_demoted
 from providers import PlatformRouter, Provider
 
 log = structlog.get_logger(__name__)
@@ -96,7 +97,7 @@ class Lease:
         self._last = started
         try:
             async with asyncio.timeout(max(0.0, self.ends - started)):
-                async with pool.acquire() as conn:
+                async with pool.acquire() as conn, dropped_if_demoted(conn):
                     expiry, renewed = await self.ledger.extend(
                         conn, list(held), self.expires_at, self.lease_seconds
                     )
