@@ -16,6 +16,7 @@ The decode tests, the fuzz command and the chaos run's decode poison use it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from urllib.parse import unquote, urlsplit
 
 from pamqp import commands, frame
 from pamqp import heartbeat as _heartbeat  # noqa: F401 - registers the frame type
+
+from proving.deadlines import deadline, within
 
 # A header value as it goes on the wire: bytes and str are long strings (str
 # encoded as UTF-8, bytes as given), bytearray a byte array, and so on.
@@ -42,6 +45,8 @@ RawValue = (
 RawTable = Mapping[bytes | str, RawValue]
 
 _FRAME_END = b"\xce"
+# A frame the broker owes us (a reply, a confirm): seconds, even from a busy node.
+READ_DEADLINE_S = 30.0
 _BASIC_CLASS = 60
 
 
@@ -156,7 +161,11 @@ class RawPublisher:
         password: str = "guest",
         vhost: str = "/",
     ) -> RawPublisher:
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await within(
+            READ_DEADLINE_S,
+            f"a TCP connection to {host}:{port}",
+            asyncio.open_connection(host, port),
+        )
         publisher = cls(reader, writer)
         try:
             await publisher._open(user, password, vhost)
@@ -169,7 +178,7 @@ class RawPublisher:
     async def connect_url(cls, url: str) -> RawPublisher:
         """`connect` to an `amqp://user:password@host:port/vhost` URL."""
         parts = urlsplit(url)
-        return await cls.connect(
+        return await cls.connect(  # unbounded: its TCP connect and each read have deadlines
             host=parts.hostname or "127.0.0.1",
             port=parts.port or 5672,
             user=unquote(parts.username or "guest"),
@@ -178,9 +187,10 @@ class RawPublisher:
         )
 
     async def _read(self) -> object:
-        head = await self._reader.readexactly(7)
-        size = int.from_bytes(head[3:7], "big")
-        rest = await self._reader.readexactly(size + 1)
+        async with deadline(READ_DEADLINE_S, "a frame from the broker"):
+            head = await self._reader.readexactly(7)
+            size = int.from_bytes(head[3:7], "big")
+            rest = await self._reader.readexactly(size + 1)
         _, _, value = frame.unmarshal(head + rest)
         if isinstance(value, commands.Channel.Close | commands.Connection.Close):
             raise BrokerRefused(f"{value.reply_code} {value.reply_text}")
@@ -219,7 +229,7 @@ class RawPublisher:
 
     async def confirm(self) -> None:
         """Wait until the broker confirmed everything sent so far; a nack raises."""
-        await self._writer.drain()
+        await within(READ_DEADLINE_S, "the broker to take our frames", self._writer.drain())
         while self._confirmed < self._sent:
             reply = await self._read()
             if isinstance(reply, commands.Basic.Nack):
@@ -238,13 +248,14 @@ class RawPublisher:
                 reply_code=200, reply_text="bye", class_id=0, method_id=0
             )
             self._writer.write(frame.marshal(close, 0))
-            await self._writer.drain()
+            await asyncio.wait_for(self._writer.drain(), 5)
             await asyncio.wait_for(self._read(), 5)  # Connection.CloseOk
         except (OSError, asyncio.IncompleteReadError, TimeoutError, BrokerRefused):
             pass  # closing anyway
         finally:
             self._writer.close()
-            await self._writer.wait_closed()
+            with contextlib.suppress(OSError, TimeoutError):
+                await asyncio.wait_for(self._writer.wait_closed(), 5)
 
     async def __aenter__(self) -> Self:
         return self
@@ -269,4 +280,4 @@ async def publish_raw(
     """Publish one message to `queue` on a connection of its own (no message_id unless given)."""
     props = properties if properties is not None else RawProperties(headers=headers)
     async with await RawPublisher.connect_url(url) as raw:
-        await raw.publish(queue, body, props)
+        await raw.publish(queue, body, props)  # unbounded: each frame read has its deadline

@@ -71,7 +71,7 @@ CREATE TABLE IF NOT EXISTS chaos_followups (
 FOLLOWUP_SUFFIX = ":next"
 
 # The default five attempts, on tiers short enough for a run; the poison queue's tiers are short
-# so that a message that can never succeed is dead-lettered well within 60 s.
+# too: how late its jobs may be dead-lettered follows from them (proving.chaos.latency).
 LOCAL_RETRY = RetryPolicy(base_seconds=0.5, tiers_seconds=(0.5, 2.0, 8.0))
 POISON_RETRY = RetryPolicy(
     max_attempts=POISON_MAX_ATTEMPTS, base_seconds=0.5, tiers_seconds=(0.5, 1.0, 2.0, 4.0)

@@ -33,7 +33,8 @@ from proving.chaos.app import POISON_MAX_ATTEMPTS, POISON_QUEUE, SLOW_QUEUE, Act
 from proving.chaos.deadletters import DeadLetter
 from proving.chaos.workload import Job, JobKind
 
-POISON_DEADLINE_S = 60.0
+# A count over the run's tables: well under a second on the private database.
+QUERY_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,7 +52,8 @@ class Findings:
     poison: int
     poison_dead_lettered: int
     poison_slowest_s: float
-    poison_late: int  # dead-lettered later than POISON_DEADLINE_S after publish
+    poison_limit_s: float  # proving.chaos.latency.poison_limit of this run
+    poison_late: int  # dead-lettered later than poison_limit_s after publish
     max_attempts: int
     malformed: int
     malformed_dead_lettered: int
@@ -105,32 +107,41 @@ class Findings:
         return self.local_dead_lettered
 
 
-async def count_stuck(channel: aio_pika.abc.AbstractChannel, app: App) -> int:
-    """Messages left in work queues and retry tiers (call with the workers stopped)."""
+async def count_stuck(
+    channel: aio_pika.abc.AbstractChannel, app: App, *, patience: float = 10.0
+) -> int:
+    """Messages left in work queues and retry tiers (call with the workers stopped).
+
+    A passive declare of a quorum queue waits on its leader: `patience` each.
+    """
     total = 0
     for spec in app.specs.values():
         for name in [spec.queue, *(tier_queue(spec.queue, t) for t in spec.retry.tiers_seconds)]:
-            queue = await channel.declare_queue(name, passive=True)
+            queue = await channel.declare_queue(name, passive=True, timeout=patience)
             total += queue.declaration_result.message_count or 0
     return total
 
 
 async def count_unpublished(db: DbConnection) -> int:
     """Outbox rows no relay has marked published."""
-    count: int = await db.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+    count: int = await db.fetchval(
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL", timeout=QUERY_TIMEOUT_S
+    )
     return count
 
 
 async def followup_counts(db: DbConnection) -> dict[tuple[str, str], int]:
     rows = await db.fetch(
-        "SELECT tenant, message_id, count(*) AS c FROM chaos_followups GROUP BY 1, 2"
+        "SELECT tenant, message_id, count(*) AS c FROM chaos_followups GROUP BY 1, 2",
+        timeout=QUERY_TIMEOUT_S,
     )
     return {(r["tenant"], r["message_id"]): r["c"] for r in rows}
 
 
 async def effect_counts(db: DbConnection) -> dict[tuple[str, str], int]:
     rows = await db.fetch(
-        "SELECT tenant, message_id, count(*) AS c FROM chaos_effects GROUP BY 1, 2"
+        "SELECT tenant, message_id, count(*) AS c FROM chaos_effects GROUP BY 1, 2",
+        timeout=QUERY_TIMEOUT_S,
     )
     return {(r["tenant"], r["message_id"]): r["c"] for r in rows}
 
@@ -169,8 +180,12 @@ def check(
     timeouts: Mapping[str, int] | None = None,
     hangs: int = 0,
     unexpected_stuck: int = 0,
+    poison_limit_s: float,
 ) -> Findings:
     """`followups` None: a run without relays, whose follow-ups are not counted.
+
+    `poison_limit_s`: the latest a poison job may be dead-lettered after its
+    publish in this run (`proving.chaos.latency.poison_limit`).
 
     `timeouts`: message_id -> handler timeouts seen (`observed_timeouts`);
     `hangs`, `unexpected_stuck`: the fleet's watchdog exits, explained or not.
@@ -210,7 +225,8 @@ def check(
         poison=len(poison),
         poison_dead_lettered=len(poison_letters),
         poison_slowest_s=max(latencies, default=0.0),
-        poison_late=sum(1 for s in latencies if s > POISON_DEADLINE_S),
+        poison_limit_s=poison_limit_s,
+        poison_late=sum(1 for s in latencies if s > poison_limit_s),
         max_attempts=max((letter.attempt for letter in poison_letters), default=0),
         malformed=len(malformed),
         malformed_dead_lettered=sum(1 for j in malformed if (j.queue, j.message_id) in dead),

@@ -21,8 +21,11 @@ import structlog
 from consumers import ATTEMPT_HEADER, REASON_HEADER, dead_letter_queue
 from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER
 from proving.chaos.poison import MARK_HEADER
+from proving.deadlines import within
 
 log = structlog.get_logger(__name__)
+
+STOP_DEADLINE_S = 15.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,18 +77,23 @@ class DeadLetterWatcher:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Each of its waits is bounded (a get 5 s, an ack 5 s, a close 2 s).
+            await within(
+                STOP_DEADLINE_S,
+                "the dead-letter watcher to end once cancelled",
+                asyncio.gather(self._task, return_exceptions=True),
+            )
 
     async def drain(self) -> None:
         """Take whatever is left (the broker must be up)."""
-        connection = await aio_pika.connect(self._next_url(), timeout=10)
+        url = self._next_url()
+        connection = await aio_pika.connect(url, timeout=10)
         try:
-            channel = await connection.channel()
+            channel = await within(10, f"a channel on {url}", connection.channel())
             while await self._take_all(channel):
                 pass
         finally:
-            await connection.close()
+            await within(10, f"closing the watcher's connection to {url}", connection.close())
 
     async def _run(self) -> None:
         while True:
@@ -95,7 +103,7 @@ class DeadLetterWatcher:
                 await asyncio.sleep(0.5)
                 continue
             try:
-                channel = await connection.channel()
+                channel = await asyncio.wait_for(connection.channel(), 5)  # expiry: reconnect
                 while True:
                     if not await self._take_all(channel):
                         await asyncio.sleep(0.1)
@@ -133,6 +141,6 @@ class DeadLetterWatcher:
                         mark=mark,
                         stamped_at=_stamped_at(message),
                     )
-                await message.ack()
+                await asyncio.wait_for(message.ack(), 5)
                 taken += 1
         return taken

@@ -36,15 +36,17 @@ import aio_pika
 import asyncpg
 
 from consumers import dead_letter_queue, tier_queue
-from proving.chaos.app import LOCAL_QUEUE, app
+from proving.chaos.app import LOCAL_QUEUE, POISON_RETRY, app
 from proving.chaos.checker import Findings, check, count_stuck, effect_counts
-from proving.chaos.cluster import LocalCluster
+from proving.chaos.cluster import ONLINE_PATIENCE_S, LocalCluster
 from proving.chaos.deadletters import DeadLetterWatcher
 from proving.chaos.fleet import Fleet
+from proving.chaos.latency import first_effects, poison_limit, slowest_delivery
 from proving.chaos.profile import ClusterProfile
-from proving.chaos.run import _drain, _prepare, _Probe, free_port, say
-from proving.chaos.services import PrivatePostgres, remove_tree
+from proving.chaos.run import COUNT_DEADLINE_S, _drain, _prepare, _Probe, free_port, say
+from proving.chaos.services import RECOVERY_S, PrivatePostgres, remove_tree
 from proving.chaos.workload import JobKind, ResilientPublisher, plan
+from proving.deadlines import deadline, within
 
 
 @dataclass(slots=True, kw_only=True)
@@ -87,10 +89,13 @@ async def _node_faults(
         if (wait := started + 0.05 * profile.load_seconds + n * slot - time.monotonic()) > 0:
             await asyncio.sleep(wait)
         leader = None
-        while leader is None:
-            leader = await cluster.leader(LOCAL_QUEUE)
-            if leader is None:
-                await asyncio.sleep(0.5)
+        async with deadline(
+            ONLINE_PATIENCE_S, f"a leader for {LOCAL_QUEUE} to kill", state=[cluster]
+        ):
+            while leader is None:
+                leader = await cluster.leader(LOCAL_QUEUE)
+                if leader is None:
+                    await asyncio.sleep(0.5)
         began = time.monotonic()
         await leader.stop(crash=True)
         faults.leader_kills += 1
@@ -127,6 +132,7 @@ async def run_cluster_chaos(
     profile: ClusterProfile, *, seed: int, keep: bool = False
 ) -> ClusterOutcome:
     started = time.monotonic()
+    wall_offset = time.time() - started  # monotonic + this: the database's clock
     for name in ("aio_pika", "aiormq"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     rng = random.Random(seed)
@@ -185,10 +191,17 @@ async def run_cluster_chaos(
             f" {profile.rolling_restarts} rolling restart(s); {profile.workers} workers"
         )
         load_started = time.monotonic()
-        await asyncio.gather(
-            publisher.publish_all(jobs, seconds=profile.load_seconds),
-            _node_faults(cluster, profile, faults, load_started),
-        )
+        # The node faults are spread over the load phase; the last may still be
+        # waiting for its node to be back and every queue online when it ends.
+        async with deadline(
+            profile.load_seconds + RECOVERY_S + ONLINE_PATIENCE_S,
+            "the load phase (every publish confirmed, every node fault over)",
+            state=[cluster, postgres],
+        ):
+            await asyncio.gather(
+                publisher.publish_all(jobs, seconds=profile.load_seconds),
+                _node_faults(cluster, profile, faults, load_started),
+            )
         say(f"load and node faults done at t={time.monotonic() - started:.0f}s; draining")
         await _drain(
             probe,
@@ -209,23 +222,35 @@ async def run_cluster_chaos(
             stalls.append(f"effects={done}/{unique_local}; {state}; {detail.strip()}")
         await fleet.stop()
         await watcher.stop()
-        await watcher.drain()
-        connection = await aio_pika.connect(cluster.nodes[0].url)
-        try:
-            stuck = await count_stuck(await connection.channel(), app)
-        finally:
-            await connection.close()
-        conn = await asyncpg.connect(postgres.url)
-        try:
-            effects = await effect_counts(conn)
-        finally:
-            await conn.close()
+        async with deadline(
+            COUNT_DEADLINE_S,
+            f"counting after the run (logs in {workdir})",
+            state=[cluster, postgres],
+        ):
+            await watcher.drain()
+            url = cluster.nodes[0].url
+            connection = await aio_pika.connect(url, timeout=10)
+            try:
+                channel = await within(10, f"a channel on {url}", connection.channel())
+                stuck = await count_stuck(channel, app)
+            finally:
+                await connection.close()
+            conn = await asyncpg.connect(postgres.url, timeout=10)
+            try:
+                effects = await effect_counts(conn)
+                applied = await first_effects(conn)
+            finally:
+                await conn.close()
         findings = check(
             jobs=jobs,
             effects=effects,
             dead=watcher.seen,
             dead_copies=watcher.copies,
             first_sent=publisher.first_sent,
+            poison_limit_s=poison_limit(
+                POISON_RETRY,
+                slowest_delivery(jobs, publisher.first_sent, applied, wall_offset),
+            ),
             stuck=stuck,
         )
         ok = findings.ok and not stalls

@@ -139,12 +139,12 @@ class FaultProxy:
     # -- plumbing -------------------------------------------------------
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self._holding.wait()
+        await self._holding.wait()  # unbounded: a hold ends when its fault does (hold())
         try:
-            up_reader, up_writer = await asyncio.open_connection(
-                self.upstream_host, self.upstream_port
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection(self.upstream_host, self.upstream_port), 10
             )
-        except OSError:
+        except (OSError, TimeoutError):
             _abort(writer)
             return
         link = _Link(writer, up_writer)
@@ -168,12 +168,13 @@ class FaultProxy:
         upstream: bool,
     ) -> None:
         try:
-            while data := await reader.read(_CHUNK):
-                await self._holding.wait()
+            # unbounded: a link pumps for as long as both its ends keep it open
+            while data := await reader.read(_CHUNK):  # unbounded: as above
+                await self._holding.wait()  # unbounded: a hold ends when its fault does
                 if self.latency:
                     await asyncio.sleep(self.latency)
                 writer.write(data)
-                await writer.drain()
+                await writer.drain()  # unbounded: the peer reads at its pace, or the link ends
                 if upstream and self._cuts_armed and b"COMMIT" in data:
                     self._cuts_armed -= 1
                     self.cuts_done += 1

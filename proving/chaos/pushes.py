@@ -197,6 +197,7 @@ async def ledger_status(db: DbConnection) -> dict[tuple[str, int], str]:
     rows = await db.fetch(
         "SELECT message_id, target_index, status FROM outbound_sends WHERE consumer = $1",
         PUSH_QUEUE,
+        timeout=30,
     )
     return {(r["message_id"], r["target_index"]): r["status"] for r in rows}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proving.chaos.checker import POISON_DEADLINE_S, Findings
+from proving.chaos.checker import Findings
 from proving.chaos.faults import RESTARTS, FaultKind, FaultLog
 from proving.chaos.fleet import FleetCounts
 from proving.chaos.pushes import PushFindings
@@ -74,7 +74,7 @@ def details(findings: Findings, fleet: FleetCounts, published: int, republished:
         ("local jobs dead-lettered", findings.local_dead_lettered),
         ("poison dead-lettered", f"{findings.poison_dead_lettered}/{findings.poison}"),
         (
-            f"poison slowest s (limit {POISON_DEADLINE_S:.0f})",
+            f"poison slowest s (limit {findings.poison_limit_s:.0f})",
             f"{findings.poison_slowest_s:.1f}",
         ),
         ("poison dead-lettered later than limit", findings.poison_late),

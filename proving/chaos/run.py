@@ -35,6 +35,7 @@ from proving.chaos.app import (
     EFFECTS_TABLE,
     HANG_DIR_ENV,
     POISON_QUEUE,
+    POISON_RETRY,
     PUSH_QUEUE,
     app,
     follows_up,
@@ -52,6 +53,7 @@ from proving.chaos.checker import (
 from proving.chaos.deadletters import DeadLetterWatcher
 from proving.chaos.faults import FaultKind, FaultLog, Injector, timeline
 from proving.chaos.fleet import RELAY_COMMAND, Fleet, FleetCounts
+from proving.chaos.latency import first_effects, poison_limit, slowest_delivery
 from proving.chaos.profile import Profile
 from proving.chaos.proxy import FaultProxy
 from proving.chaos.pushes import (
@@ -61,20 +63,19 @@ from proving.chaos.pushes import (
     ledger_status,
     plan_pushes,
 )
-from proving.chaos.services import PrivatePostgres, PrivateRabbit, remove_tree
+from proving.chaos.services import RECOVERY_S, PrivatePostgres, PrivateRabbit, remove_tree
 from proving.chaos.workload import JobKind, ResilientPublisher, plan
+from proving.deadlines import deadline
 
 log = structlog.get_logger(__name__)
 
 # How long counting after the run may take: a few seconds when the services answer.
 COUNT_DEADLINE_S = 120.0
+# Migrating and declaring on fresh private services: seconds when they answer.
+PREPARE_DEADLINE_S = 60.0
 # The workers' default handler deadline and watchdog grace (chaos.slow's is shorter).
 HANDLER_TIMEOUT_S = 10.0
 WATCHDOG_GRACE_S = 4.0
-
-
-class ChaosError(Exception):
-    """The run could not be counted (a private service stopped answering)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,19 +102,24 @@ def say(text: str) -> None:
 
 
 async def _prepare(postgres: PrivatePostgres, rabbit: PrivateRabbit, target: App) -> None:
-    conn = await asyncpg.connect(postgres.url)
-    try:
-        await migrate(conn, "public")
-        await conn.execute(EFFECTS_TABLE)
-    finally:
-        await conn.close()
-    connection = await aio_pika.connect(rabbit.url)
-    try:
-        channel = await connection.channel()
-        for spec in target.specs.values():
-            await declare(channel, spec.queue, spec.retry, AmqpSettings(urls=(rabbit.url,)))
-    finally:
-        await connection.close()
+    async with deadline(
+        PREPARE_DEADLINE_S,
+        "migrating the private database, declaring the queues",
+        state=[rabbit, postgres],
+    ):
+        conn = await asyncpg.connect(postgres.url, timeout=10)
+        try:
+            await migrate(conn, "public")
+            await conn.execute(EFFECTS_TABLE)
+        finally:
+            await conn.close()
+        connection = await aio_pika.connect(rabbit.url, timeout=10)
+        try:
+            channel = await connection.channel()
+            for spec in target.specs.values():
+                await declare(channel, spec.queue, spec.retry, AmqpSettings(urls=(rabbit.url,)))
+        finally:
+            await connection.close()
 
 
 class _Probe:
@@ -295,10 +301,17 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
 
         reporter = asyncio.create_task(progress())
         try:
-            await asyncio.gather(
-                publisher.publish_all(jobs, seconds=profile.load_seconds),
-                injector.run(events),
-            )
+            # The faults are spread over the load phase; the last one may still
+            # be bringing a service back (a stop, then a start) when it ends.
+            async with deadline(
+                profile.load_seconds + RECOVERY_S,
+                "the load phase (every publish confirmed, every fault over)",
+                state=[rabbit, postgres],
+            ):
+                await asyncio.gather(
+                    publisher.publish_all(jobs, seconds=profile.load_seconds),
+                    injector.run(events),
+                )
             say(f"load and faults done at t={time.monotonic() - started:.0f}s; draining")
             pg_proxy.disarm()
             await fleet.disarm()
@@ -325,27 +338,26 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         await watcher.stop()
         # Counting has a deadline: a broker or database that stopped answering
         # fails the run here, saying so, instead of hanging until a caller's timeout.
-        try:
-            async with asyncio.timeout(COUNT_DEADLINE_S):
-                await watcher.drain()
-                connection = await aio_pika.connect(rabbit.url, timeout=10)
-                try:
-                    stuck = await count_stuck(await connection.channel(), target)
-                finally:
-                    await connection.close()
-                conn = await asyncpg.connect(postgres.url, timeout=10)
-                try:
-                    effects = await effect_counts(conn)
-                    followups = await followup_counts(conn)
-                    stuck += await count_unpublished(conn)
-                    status = await ledger_status(conn)
-                finally:
-                    await conn.close()
-        except TimeoutError:
-            raise ChaosError(
-                f"counting after the run took over {COUNT_DEADLINE_S:.0f} s: the private"
-                f" broker ({rabbit.url}) or database stopped answering; logs in {workdir}"
-            ) from None
+        async with deadline(
+            COUNT_DEADLINE_S,
+            f"counting after the run (logs in {workdir})",
+            state=[rabbit, postgres],
+        ):
+            await watcher.drain()
+            connection = await aio_pika.connect(rabbit.url, timeout=10)
+            try:
+                stuck = await count_stuck(await connection.channel(), target)
+            finally:
+                await connection.close()
+            conn = await asyncpg.connect(postgres.url, timeout=10)
+            try:
+                effects = await effect_counts(conn)
+                applied = await first_effects(conn)
+                followups = await followup_counts(conn)
+                stuck += await count_unpublished(conn)
+                status = await ledger_status(conn)
+            finally:
+                await conn.close()
         push = check_pushes(devices, fakes.requests(), status) if fakes else None
         if push is not None:
             injector.record_scripts(push.scripts_served)
@@ -355,6 +367,10 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
             dead=watcher.seen,
             dead_copies=watcher.copies,
             first_sent=publisher.first_sent,
+            poison_limit_s=poison_limit(
+                POISON_RETRY,
+                slowest_delivery(jobs, publisher.first_sent, applied, wall_offset),
+            ),
             stuck=stuck,
             followups=followups,
             timeouts=observed_timeouts(workdir / "logs"),
@@ -421,9 +437,9 @@ async def _drain(
     expected_followups: int | None = None,
 ) -> None:
     """Wait until every job is accounted for and the queues stay empty, or `seconds` pass."""
-    deadline = time.monotonic() + seconds
+    ends = time.monotonic() + seconds
     empty_since: float | None = None
-    while time.monotonic() < deadline:
+    while time.monotonic() < ends:
         await asyncio.sleep(1.0)
         done = await probe.distinct_effects()
         if done is None or done < unique_local or len(watcher.seen) < expected_dead:
@@ -440,7 +456,8 @@ async def _drain(
         try:
             connection = await aio_pika.connect(amqp_url, timeout=5)
             try:
-                ready = await count_stuck(await connection.channel(), target)
+                channel = await asyncio.wait_for(connection.channel(), 5)  # expiry: poll again
+                ready = await count_stuck(channel, target)
             finally:
                 await connection.close()
         except Exception:

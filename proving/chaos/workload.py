@@ -207,7 +207,9 @@ class ResilientPublisher:
                     url = self.urls[self._tries % len(self.urls)]
                     self._tries += 1
                     self._connection = await aio_pika.connect(url, timeout=5)
-                    channel = await self._connection.channel(publisher_confirms=True)
+                    channel = await asyncio.wait_for(  # expiry: the next attempt
+                        self._connection.channel(publisher_confirms=True), 5
+                    )
                     self._exchange = channel.default_exchange
                 except Exception as exc:
                     log.info("publisher_reconnecting", error=repr(exc))
@@ -270,7 +272,7 @@ class ResilientPublisher:
 
         async def one(job: Job) -> None:
             try:
-                await self.publish(job)
+                await self.publish(job)  # unbounded: until confirmed; callers bound the load
             finally:
                 gate.release()
 
@@ -278,7 +280,7 @@ class ResilientPublisher:
             due = started + n * pace
             if (wait := due - time.monotonic()) > 0:
                 await asyncio.sleep(wait)
-            await gate.acquire()
+            await gate.acquire()  # unbounded: a slot frees as a publish above ends
             task = asyncio.create_task(one(job))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
