@@ -70,14 +70,20 @@ class DeadLetterWatcher:
         self.seen: dict[tuple[str, str], DeadLetter] = {}
         self.copies = 0  # dead letters seen more than once
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
+        self._stopping = False
         self._task = asyncio.create_task(self._run(), name="dead-letter-watcher")
 
     async def stop(self) -> None:
         if self._task is not None:
+            # The cancel alone is not enough: on Python 3.11 a cancel that lands
+            # as a get's reply is in is dropped by the wait_for aiormq bounds the
+            # get with, and the loop would poll on for ever. It also ends at its
+            # next turn, each of whose waits is bounded (a get 5 s, an ack 5 s).
+            self._stopping = True
             self._task.cancel()
-            # Each of its waits is bounded (a get 5 s, an ack 5 s, a close 2 s).
             await within(
                 STOP_DEADLINE_S,
                 "the dead-letter watcher to end once cancelled",
@@ -96,7 +102,7 @@ class DeadLetterWatcher:
             await within(10, f"closing the watcher's connection to {url}", connection.close())
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 connection = await aio_pika.connect(self._next_url(), timeout=5)
             except Exception:
@@ -104,7 +110,7 @@ class DeadLetterWatcher:
                 continue
             try:
                 channel = await asyncio.wait_for(connection.channel(), 5)  # expiry: reconnect
-                while True:
+                while not self._stopping:
                     if not await self._take_all(channel):
                         await asyncio.sleep(0.1)
             except asyncio.CancelledError:
