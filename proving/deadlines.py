@@ -37,6 +37,9 @@ T = TypeVar("T")
 
 # How long each service may take to describe itself after a deadline passed.
 STATE_DEADLINE_S = 15.0
+# One call to a service that answers in milliseconds when it is there (a query,
+# a declare, a get, a connect): one with no answer in a minute has none coming.
+ANSWER_S = 60.0
 
 
 class DeadlineExceeded(TimeoutError):

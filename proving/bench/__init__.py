@@ -53,6 +53,7 @@ from proving.bench.sandbox import Sandbox
 from proving.bench.sending import sending_bench
 from proving.bench.stopwatch import Stopwatch, Timing
 from proving.bench.variant import Variant
+from proving.deadlines import ANSWER_S, within
 
 
 def catalog(names: Sequence[str]) -> list[Variant]:
@@ -70,7 +71,7 @@ def catalog(names: Sequence[str]) -> list[Variant]:
 
 
 async def _versions(admin: asyncpg.Connection, connection: Any) -> str:
-    postgres = await admin.fetchval("SHOW server_version")
+    postgres = await admin.fetchval("SHOW server_version", timeout=ANSWER_S)
     try:
         props = connection.transport.connection.server_properties
         rabbit = props["version"]
@@ -117,11 +118,11 @@ async def bench(options: BenchOptions, settings: Settings) -> int:
         worker=replace(settings.worker, prefetch=options.prefetch),
     )
     variants = catalog(options.variants)
-    admin = await asyncpg.connect(settings.database.url)
-    connection = await aio_pika.connect(amqp.url)
+    admin = await asyncpg.connect(settings.database.url, timeout=ANSWER_S)
+    connection = await aio_pika.connect(amqp.url, timeout=ANSWER_S)
     wrong: list[str] = []
     try:
-        channel = await connection.channel(publisher_confirms=True)
+        channel = await within(ANSWER_S, "a channel", connection.channel(publisher_confirms=True))
         await sandbox.create(admin, channel)
         say(f"bench: {await _versions(admin, connection)}, event loop {options.loop}")
         say(_counts(options))
@@ -180,7 +181,7 @@ async def bench(options: BenchOptions, settings: Settings) -> int:
         wrong += await sending_bench(options, worker_settings, sandbox, admin, channel, started)
     finally:
         try:
-            await sandbox.drop(admin, await connection.channel())
+            await sandbox.drop(admin, await within(ANSWER_S, "a channel", connection.channel()))
         finally:
             await connection.close()
             await admin.close()

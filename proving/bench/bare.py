@@ -21,6 +21,7 @@ from consumers import TENANT_HEADER
 from dedupe import fingerprint
 from proving.bench.sandbox import CLAIM_ONE, INSERT_EFFECT
 from proving.bench.variant import POOL_SIZE, Run, Variant
+from proving.deadlines import ANSWER_S, within
 
 Delivery = aio_pika.abc.AbstractIncomingMessage
 
@@ -28,7 +29,7 @@ Delivery = aio_pika.abc.AbstractIncomingMessage
 async def _queue(
     connection: aio_pika.abc.AbstractConnection, run: Run
 ) -> aio_pika.abc.AbstractQueue:
-    channel = await connection.channel()
+    channel = await within(ANSWER_S, "a channel", connection.channel())
     await channel.set_qos(prefetch_count=run.prefetch)
     return await channel.get_queue(run.sandbox.queue, ensure=False)
 
@@ -46,21 +47,21 @@ async def consume_acking_multiple(
 
     async def acker() -> None:
         while True:
-            await wake.wait()
+            await wake.wait()  # unbounded: set by each delivery; cancelled at the end
             wake.clear()
             last = newest[-1]
             newest.clear()
-            await last.ack(multiple=True)
+            await last.ack(multiple=True)  # unbounded: the measured path; the round has its timeout
 
     task = asyncio.create_task(acker())
-    tag = await queue.consume(on_message)
+    tag = await queue.consume(on_message, timeout=ANSWER_S)
     await until()
     await queue.cancel(tag)
     task.cancel()
 
 
 async def ceiling(run: Run) -> None:
-    connection = await aio_pika.connect(run.settings.amqp.url)
+    connection = await aio_pika.connect(run.settings.amqp.url, timeout=ANSWER_S)
     try:
         await consume_acking_multiple(await _queue(connection, run), run.finished)
     finally:
@@ -68,14 +69,14 @@ async def ceiling(run: Run) -> None:
 
 
 async def ceiling_each(run: Run) -> None:
-    connection = await aio_pika.connect(run.settings.amqp.url)
+    connection = await aio_pika.connect(run.settings.amqp.url, timeout=ANSWER_S)
     try:
         queue = await _queue(connection, run)
 
         async def on_message(message: Delivery) -> None:
-            await message.ack()
+            await message.ack()  # unbounded: the measured path; the round has its timeout
 
-        tag = await queue.consume(on_message)
+        tag = await queue.consume(on_message, timeout=ANSWER_S)
         await run.finished()
         await queue.cancel(tag)
     finally:
@@ -89,9 +90,10 @@ async def naive(run: Run) -> None:
         min_size=POOL_SIZE,
         max_size=POOL_SIZE,
         server_settings=run.sandbox.search_path,
+        timeout=ANSWER_S,
     )
     assert pool is not None
-    connection = await aio_pika.connect(run.settings.amqp.url)
+    connection = await aio_pika.connect(run.settings.amqp.url, timeout=ANSWER_S)
     try:
         queue = await _queue(connection, run)
 
@@ -100,7 +102,12 @@ async def naive(run: Run) -> None:
             tenant = str((message.headers or {}).get(TENANT_HEADER, ""))
             async with pool.acquire() as conn, conn.transaction():
                 claimed = await conn.fetchval(
-                    CLAIM_ONE, consumer, tenant, message.message_id, fingerprint(body)
+                    CLAIM_ONE,
+                    consumer,
+                    tenant,
+                    message.message_id,
+                    fingerprint(body),
+                    timeout=ANSWER_S,
                 )
                 if claimed:
                     await conn.execute(
@@ -110,10 +117,11 @@ async def naive(run: Run) -> None:
                         message.message_id,
                         body["order_id"],
                         body["total_cents"],
+                        timeout=ANSWER_S,
                     )
-            await message.ack()
+            await message.ack()  # unbounded: the measured path; the round has its timeout
 
-        tag = await queue.consume(on_message)
+        tag = await queue.consume(on_message, timeout=ANSWER_S)
         await run.finished()
         await queue.cancel(tag)
     finally:

@@ -30,6 +30,7 @@ from consumers import Settings
 from dedupe import Retention, cleanup, migrate, quote_ident
 from proving.bench.prefill import prefill
 from proving.bench.workload import TENANT
+from proving.deadlines import ANSWER_S
 
 CONSUMER = "bench.cleanup"
 
@@ -48,15 +49,16 @@ async def _expire(conn: asyncpg.Connection, table: str, rows: int, round_: int) 
         TENANT,
         round_,
         rows,
+        timeout=ANSWER_S,
     )
-    await conn.execute(f"VACUUM ANALYZE {table}")
-    await conn.execute("CHECKPOINT")
+    await conn.execute(f"VACUUM ANALYZE {table}", timeout=ANSWER_S)
+    await conn.execute("CHECKPOINT", timeout=ANSWER_S)
 
 
 async def _one_size(url: str, size: int, expired: int, batch: int, repeats: int) -> list[float]:
     """Microseconds per deleted row, one figure per repeat."""
     schema = f"bench_cleanup_{uuid.uuid4().hex[:8]}"
-    conn = await asyncpg.connect(url)
+    conn = await asyncpg.connect(url, timeout=ANSWER_S)
     try:
         await migrate(conn, schema)
         table = f"{quote_ident(schema)}.processed_messages"
@@ -81,7 +83,7 @@ async def _one_size(url: str, size: int, expired: int, batch: int, repeats: int)
             )
         return figures
     finally:
-        await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
+        await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE", timeout=ANSWER_S)
         await conn.close()
 
 

@@ -47,6 +47,7 @@ import asyncpg
 from consumers import Settings
 from dedupe import migrate, quote_ident
 from ingress.keys import ApiKeys
+from proving.deadlines import ANSWER_S
 
 
 def load(url: str, key: str, server: int | None = None, **options: Any) -> dict[str, Any]:
@@ -122,7 +123,7 @@ def start_serve(env: dict[str, str], log: Path, lanes: int) -> tuple[subprocess.
 
 
 async def prepare(settings: Settings, schema: str) -> str:
-    conn = await asyncpg.connect(settings.database.url)
+    conn = await asyncpg.connect(settings.database.url, timeout=ANSWER_S)
     try:
         await migrate(conn, schema)
         return await ApiKeys(schema).create(conn, "bench")
@@ -131,9 +132,9 @@ async def prepare(settings: Settings, schema: str) -> str:
 
 
 async def drop(settings: Settings, schema: str) -> None:
-    conn = await asyncpg.connect(settings.database.url)
+    conn = await asyncpg.connect(settings.database.url, timeout=ANSWER_S)
     try:
-        await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
+        await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE", timeout=ANSWER_S)
     finally:
         await conn.close()
 

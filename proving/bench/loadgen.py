@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from proving.deadlines import ANSWER_S
+
 BODY = json.dumps(
     {
         "targets": [{"platform": "ios", "token": "bench-device-token-0001"}],
@@ -68,13 +70,14 @@ class Connection:
 
     async def call(self, request: bytes) -> int:
         self.writer.write(request)
+        # unbounded: the measured path (a deadline per request would be measured too)
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
         length = 0
         for line in head.split(b"\r\n")[1:]:
             if line[:15].lower() == b"content-length:":
                 length = int(line[15:])
-        await self.reader.readexactly(length)
+        await self.reader.readexactly(length)  # unbounded: as above
         return status
 
 
@@ -82,7 +85,8 @@ async def run(load: Load) -> dict[str, Any]:
     parts = urlsplit(load.url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     connections = [
-        Connection(*await asyncio.open_connection(host, port)) for _ in range(load.connections)
+        Connection(*await asyncio.wait_for(asyncio.open_connection(host, port), ANSWER_S))
+        for _ in range(load.connections)
     ]
     statuses: dict[int, int] = {}
     latencies: list[float] = []
@@ -116,7 +120,7 @@ async def run(load: Load) -> dict[str, Any]:
         tasks: set[asyncio.Task[None]] = set()
 
         async def scheduled_call(at: float) -> None:
-            conn = await free.get()  # waiting for a connection counts as latency
+            conn = await free.get()  # unbounded: back as a send ends (latency)
             try:
                 await timed(conn, at)
             finally:

@@ -48,5 +48,5 @@ async def peak_resident() -> AsyncIterator[Peak]:
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            await task  # unbounded: our sampler, cancelled: it ends at its next sleep
         peak.bytes = max(peak.bytes, resident_bytes())

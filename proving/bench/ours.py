@@ -19,6 +19,7 @@ from __future__ import annotations
 from consumers import App, Batch, Context, Worker
 from proving.bench.sandbox import INSERT_EFFECT, INSERT_EFFECTS
 from proving.bench.variant import Run, Variant
+from proving.deadlines import ANSWER_S
 
 
 def _staging_app(queue: str) -> App:
@@ -70,6 +71,7 @@ def _batch_app(queue: str) -> App:
             [m.message_id for m in messages],
             [m.body["order_id"] for m in messages],
             [m.body["total_cents"] for m in messages],
+            timeout=ANSWER_S,
         )
 
     return app

@@ -20,6 +20,7 @@ import time
 import aio_pika
 
 from proving.bench.workload import job
+from proving.deadlines import ANSWER_S, within
 
 TICK_SECONDS = 0.005
 
@@ -27,9 +28,9 @@ TICK_SECONDS = 0.005
 async def publish_paced(url: str, queue: str, *, rate: float, seconds: float, seed: int) -> int:
     """Publish `rate` msg/s to `queue` for `seconds`; return the count sent."""
     rng = random.Random(seed)
-    connection = await aio_pika.connect(url)
+    connection = await aio_pika.connect(url, timeout=ANSWER_S)
     try:
-        channel = await connection.channel(publisher_confirms=True)
+        channel = await within(ANSWER_S, "a channel", connection.channel(publisher_confirms=True))
         exchange = channel.default_exchange
         total = int(rate * seconds)
         messages = [job(n, rng) for n in range(total)]

@@ -18,6 +18,7 @@ import asyncpg
 
 from dedupe import quote_ident
 from proving.bench.workload import TENANT
+from proving.deadlines import ANSWER_S
 
 CHUNK_ROWS = 1_000_000
 
@@ -33,8 +34,10 @@ async def prefill(
     """Insert `rows` claims of `consumer`; return the seconds it took."""
     table = f"{quote_ident(schema)}.processed_messages"
     started = time.perf_counter()
-    await conn.execute("SET maintenance_work_mem = '512MB'")
-    await conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT processed_messages_pkey")
+    await conn.execute("SET maintenance_work_mem = '512MB'", timeout=ANSWER_S)
+    await conn.execute(
+        f"ALTER TABLE {table} DROP CONSTRAINT processed_messages_pkey", timeout=ANSWER_S
+    )
     for start in range(0, rows, CHUNK_ROWS):
         stop = min(rows, start + CHUNK_ROWS)
         await conn.execute(
@@ -46,14 +49,16 @@ async def prefill(
             TENANT,
             start,
             stop - 1,
+            timeout=ANSWER_S,
         )
         progress(f"prefill: {stop:,} of {rows:,} rows ({time.perf_counter() - started:.0f} s)")
     progress("prefill: building the primary key")
     await conn.execute(
         f"ALTER TABLE {table} ADD CONSTRAINT processed_messages_pkey"
-        " PRIMARY KEY (consumer, tenant, message_id)"
+        " PRIMARY KEY (consumer, tenant, message_id)",
+        timeout=ANSWER_S,
     )
     progress("prefill: vacuum analyze, checkpoint")
-    await conn.execute(f"VACUUM ANALYZE {table}")
-    await conn.execute("CHECKPOINT")
+    await conn.execute(f"VACUUM ANALYZE {table}", timeout=ANSWER_S)
+    await conn.execute("CHECKPOINT", timeout=ANSWER_S)
     return time.perf_counter() - started

@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from proving.deadlines import ANSWER_S
+
 SAMPLES_PER_SECOND = 200
 ATTACH_SECONDS = 1.0
 _LINE = re.compile(r":\d+\)")
@@ -70,7 +72,7 @@ async def sampled(output: Path) -> AsyncIterator[None]:
     finally:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGINT)
-        await process.wait()
+        await asyncio.wait_for(process.wait(), ANSWER_S)  # SIGINT: it writes its profile
 
 
 def top(paths: list[Path], *, entries: int = 15) -> str:

@@ -52,6 +52,7 @@ from dedupe import migrate, quote_ident
 from providers import ApnsProvider, ApnsSettings, Platform, Provider, Target
 from proving.bench.providers import LATENCY, FakeServer, one_run
 from proving.bench.stopwatch import Stopwatch
+from proving.deadlines import ANSWER_S, within
 
 PROVIDER_CONCURRENCY = 200
 PUBLISH_CHUNK = 500
@@ -152,10 +153,10 @@ async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int)
             max_batch=setup.max_batch, prefetch=setup.prefetch, concurrency=setup.concurrency
         ),
     )
-    admin = await asyncpg.connect(base.database.url)
-    connection = await aio_pika.connect(base.amqp.url)
+    admin = await asyncpg.connect(base.database.url, timeout=ANSWER_S)
+    connection = await aio_pika.connect(base.amqp.url, timeout=ANSWER_S)
     try:
-        channel = await connection.channel(publisher_confirms=True)
+        channel = await within(ANSWER_S, "a channel", connection.channel(publisher_confirms=True))
         await migrate(admin, schema)
         await declare(channel, queue, retry, base.amqp)
         sizes = job_sizes(sends, setup.fanout)
@@ -176,7 +177,8 @@ async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int)
                 await worker.stop()
         row = await admin.fetchrow(
             f"SELECT count(*) FILTER (WHERE status = 'sent'), count(*), sum(sends)"
-            f" FROM {quote_ident(schema)}.outbound_sends"
+            f" FROM {quote_ident(schema)}.outbound_sends",
+            timeout=ANSWER_S,
         )
         assert row is not None
         requests, distinct_ids = fake.requests()
@@ -202,8 +204,10 @@ async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int)
         )
     finally:
         with contextlib.suppress(Exception):
-            await delete(await connection.channel(), queue, retry)
-        await admin.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
+            await delete(await within(ANSWER_S, "a channel", connection.channel()), queue, retry)
+        await admin.execute(
+            f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE", timeout=ANSWER_S
+        )
         await admin.close()
         await connection.close()
 

@@ -26,6 +26,7 @@ from consumers import TENANT_HEADER
 from dedupe import fingerprint
 from proving.bench.sandbox import CLAIM_ONE, INSERT_EFFECT
 from proving.bench.variant import POOL_SIZE, Run, Variant
+from proving.deadlines import ANSWER_S
 
 
 def _access_log(path: str) -> logging.Logger:
@@ -46,6 +47,7 @@ async def _consume(run: Run, *, channel: Channel | None) -> None:
         min_size=POOL_SIZE,
         max_size=POOL_SIZE,
         server_settings=run.sandbox.search_path,
+        timeout=ANSWER_S,
     )
     assert pool is not None
     broker = RabbitBroker(
@@ -57,7 +59,12 @@ async def _consume(run: Run, *, channel: Channel | None) -> None:
         tenant = str(message.headers.get(TENANT_HEADER, ""))
         async with pool.acquire() as conn, conn.transaction():
             claimed = await conn.fetchval(
-                CLAIM_ONE, consumer, tenant, message.message_id, fingerprint(body)
+                CLAIM_ONE,
+                consumer,
+                tenant,
+                message.message_id,
+                fingerprint(body),
+                timeout=ANSWER_S,
             )
             if claimed:
                 await conn.execute(
@@ -67,6 +74,7 @@ async def _consume(run: Run, *, channel: Channel | None) -> None:
                     message.message_id,
                     body["order_id"],
                     body["total_cents"],
+                    timeout=ANSWER_S,
                 )
 
     try:

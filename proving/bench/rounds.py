@@ -33,6 +33,7 @@ from proving.bench.sandbox import Sandbox
 from proving.bench.stopwatch import Stopwatch, Timing
 from proving.bench.variant import Run, Variant
 from proving.bench.workload import publish_backlog
+from proving.deadlines import ANSWER_S, within
 
 PACER_START_SECONDS = 1.5  # lets the consumer start before the load does
 SETTLE_SECONDS = 1.0
@@ -119,14 +120,14 @@ class Rounds:
 
     async def _prepare(self, *, keep_claims: bool, backlog: int) -> None:
         queue = await self.channel.get_queue(self.sandbox.queue, ensure=False)
-        await queue.purge()
+        await queue.purge(timeout=ANSWER_S)
         await self.sandbox.reset(self.admin, keep_claims=keep_claims)
         self._seed += 1
         if backlog:
             await publish_backlog(self.channel, self.sandbox.queue, backlog, seed=self._seed)
         # Let the last run's and the backlog's writes settle (WAL, the quorum
         # queue's log) so that no variant inherits another's hangover.
-        await self.admin.execute("CHECKPOINT")
+        await self.admin.execute("CHECKPOINT", timeout=ANSWER_S)
         await asyncio.sleep(SETTLE_SECONDS)
 
     async def _check(self, variant: Variant, messages: int, result: Result) -> str:
@@ -146,6 +147,7 @@ class Rounds:
         await self._prepare(keep_claims=keep_claims, backlog=n)
         self.watch.reset(n)
         async with peak_resident() as peak, self._sampled(variant):
+            # unbounded: _run ends by the round's timeout (options.timeout)
             outside = await variant.consume(self._run(n, self.options.timeout))
         timing = outside or self.watch.timing()
         result.timings.append(timing)
@@ -203,8 +205,8 @@ class Rounds:
             str(self._seed + 1_000_000),
             stdout=asyncio.subprocess.PIPE,
         )
-        out, _ = await pacer.communicate()
-        await consumer
+        out, _ = await within(seconds + ANSWER_S, "the pacer's publishes", pacer.communicate())
+        await within(ANSWER_S, "the paced consumer after the pacer", consumer)
         timing = self.watch.timing()
         self.progress(
             f"paced {variant.name:<20} at {rate:,.0f} msg/s ({out.decode().strip()} sent):"

@@ -17,6 +17,7 @@ import asyncpg
 from consumers import AmqpSettings, RetryPolicy
 from consumers.broker.topology import declare, delete
 from dedupe import migrate, quote_ident
+from proving.deadlines import ANSWER_S
 
 EFFECTS_TABLE = """
 CREATE TABLE effects (
@@ -62,21 +63,25 @@ class Sandbox:
 
     async def create(self, conn: asyncpg.Connection, channel: aio_pika.abc.AbstractChannel) -> None:
         await migrate(conn, self.schema)
-        await conn.execute(f"SET search_path TO {quote_ident(self.schema)}")
-        await conn.execute(EFFECTS_TABLE)
+        await conn.execute(f"SET search_path TO {quote_ident(self.schema)}", timeout=ANSWER_S)
+        await conn.execute(EFFECTS_TABLE, timeout=ANSWER_S)
         await declare(channel, self.queue, self.retry, self.amqp)
 
     async def reset(self, conn: asyncpg.Connection, *, keep_claims: bool) -> None:
         """Empty the effects (and, unless kept, the claims) before a run."""
         tables = "effects" if keep_claims else "effects, processed_messages"
-        await conn.execute(f"TRUNCATE {tables}")
+        await conn.execute(f"TRUNCATE {tables}", timeout=ANSWER_S)
 
     async def effects(self, conn: asyncpg.Connection) -> tuple[int, int]:
         """(effect rows, distinct message_ids among them) since the last reset."""
-        row = await conn.fetchrow("SELECT count(*), count(DISTINCT message_id) FROM effects")
+        row = await conn.fetchrow(
+            "SELECT count(*), count(DISTINCT message_id) FROM effects", timeout=ANSWER_S
+        )
         assert row is not None
         return int(row[0]), int(row[1])
 
     async def drop(self, conn: asyncpg.Connection, channel: aio_pika.abc.AbstractChannel) -> None:
-        await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(self.schema)} CASCADE")
+        await conn.execute(
+            f"DROP SCHEMA IF EXISTS {quote_ident(self.schema)} CASCADE", timeout=ANSWER_S
+        )
         await delete(channel, self.queue, self.retry)

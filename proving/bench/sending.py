@@ -45,6 +45,7 @@ from proving.bench.options import SENDING_VARIANTS, BenchOptions
 from proving.bench.rounds import say, since
 from proving.bench.sandbox import Sandbox
 from proving.bench.workload import job
+from proving.deadlines import ANSWER_S, within
 
 PACED_CONNECTIONS = 4
 PACED_TX_PER_SECOND = 200  # transactions a second at most; rows per transaction grow past it
@@ -96,8 +97,11 @@ class SendingBench:
             self.queue,
             durable=True,
             arguments={"x-queue-type": str(self.settings.amqp.queue_type)},
+            timeout=ANSWER_S,
         )
-        publisher, connection = await Publisher.connect(self.settings.amqp.url)
+        publisher, connection = await within(
+            ANSWER_S, "a publisher's connection", Publisher.connect(self.settings.amqp.url)
+        )
         relay = self._start_relay() if "relay" in names else None
         rates: dict[str, list[float]] = {name: [] for name in names}
         try:
@@ -133,7 +137,7 @@ class SendingBench:
                 except subprocess.TimeoutExpired:
                     relay.kill()
                     relay.wait()
-            await self.channel.queue_delete(self.queue)
+            await self.channel.queue_delete(self.queue, timeout=ANSWER_S)
 
     def _shown(self, name: str, r: int, n: int, rate: float) -> float:
         """`rate`, once the progress line of run `r` of `name` is out."""
@@ -145,21 +149,21 @@ class SendingBench:
 
     async def _expect_queued(self, count: int, what: str) -> None:
         """Every job confirmed is in the queue; then empty it for the next run."""
-        declared = await self.channel.declare_queue(self.queue, passive=True)
+        declared = await self.channel.declare_queue(self.queue, passive=True, timeout=ANSWER_S)
         got = declared.declaration_result.message_count or 0
         if got != count:
             self.wrong.append(f"{what}: {got} messages in the queue, expected {count}")
         await self._purge()
 
     async def _purge(self) -> None:
-        queue = await self.channel.declare_queue(self.queue, passive=True)
-        await queue.purge()
+        queue = await self.channel.declare_queue(self.queue, passive=True, timeout=ANSWER_S)
+        await queue.purge(timeout=ANSWER_S)
 
     async def _each(self, publisher: Publisher, n: int, *, seed: int) -> float:
         jobs = _jobs(self.queue, n, seed)
         started = time.perf_counter()
         for j in jobs:
-            await publisher.publish(j.queue, j.body, message_id=j.message_id)
+            await publisher.publish(j.queue, j.body, message_id=j.message_id)  # unbounded: measured
         rate = n / (time.perf_counter() - started)
         await self._expect_queued(n, "publisher_each")
         return rate
@@ -200,9 +204,11 @@ class SendingBench:
                 prefix,
                 self.body,
                 rows,
+                timeout=ANSWER_S,
             )
             stamp: float = await conn.fetchval(
-                "SELECT extract(epoch FROM clock_timestamp())::float8"
+                "SELECT extract(epoch FROM clock_timestamp())::float8",
+                timeout=ANSWER_S,
             )
         return stamp
 
@@ -213,6 +219,7 @@ class SendingBench:
                 f"SELECT count(*) FROM {self.table}"
                 " WHERE published_at IS NULL AND message_id LIKE $1 || '%'",
                 prefix,
+                timeout=ANSWER_S,
             )
             if pending == 0:
                 return
@@ -233,6 +240,7 @@ class SendingBench:
             f"SELECT extract(epoch FROM max(published_at))::float8 FROM {self.table}"
             " WHERE message_id LIKE $1 || '%'",
             prefix,
+            timeout=ANSWER_S,
         )
         await self._expect_queued(rows, "relay")
         return rows / max(last - committed, 1e-6)
@@ -244,14 +252,15 @@ class SendingBench:
         interval = per_tx / rate
         commits: dict[str, float] = {}
         conns = [
-            await asyncpg.connect(self.settings.database.url) for _ in range(PACED_CONNECTIONS)
+            await asyncpg.connect(self.settings.database.url, timeout=ANSWER_S)
+            for _ in range(PACED_CONNECTIONS)
         ]
         free: asyncio.Queue[asyncpg.Connection[asyncpg.Record]] = asyncio.Queue()
         for conn in conns:
             free.put_nowait(conn)
 
         async def one(k: int) -> None:
-            conn = await free.get()
+            conn = await free.get()  # unbounded: a connection comes back as a send ends
             try:
                 async with conn.transaction():
                     await conn.execute(
@@ -261,10 +270,12 @@ class SendingBench:
                         f"p{k}-",
                         self.body,
                         per_tx,
+                        timeout=ANSWER_S,
                     )
                     # stamped just before COMMIT: the commit's own time counts
                     commits[f"p{k}-"] = await conn.fetchval(
-                        "SELECT extract(epoch FROM clock_timestamp())::float8"
+                        "SELECT extract(epoch FROM clock_timestamp())::float8",
+                        timeout=ANSWER_S,
                     )
             finally:
                 free.put_nowait(conn)
@@ -286,7 +297,8 @@ class SendingBench:
         marks = await self.admin.fetch(
             f"SELECT split_part(message_id, '-', 1) || '-' AS tx,"
             " extract(epoch FROM published_at)::float8 AS at"
-            f" FROM {self.table} WHERE message_id LIKE 'p%'"
+            f" FROM {self.table} WHERE message_id LIKE 'p%'",
+            timeout=ANSWER_S,
         )
         latencies = sorted((float(r["at"]) - commits[r["tx"]]) * 1000 for r in marks)
         await self._expect_queued(len(marks), "paced relay")

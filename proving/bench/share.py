@@ -36,6 +36,7 @@ import asyncpg
 from dedupe import quote_ident
 from proving.chaos.run import free_port
 from proving.chaos.services import PrivatePostgres, PrivateRabbit, remove_tree
+from proving.deadlines import ANSWER_S
 
 TICK = os.sysconf("SC_CLK_TCK")
 TABLES = (
@@ -96,14 +97,14 @@ class Meter:
 
 async def claims_now(db: asyncpg.Connection) -> int:
     """Committed rows in every schema's processed_messages (a count, not lagging statistics)."""
-    schemas = [r["table_schema"] for r in await db.fetch(TABLES)]
+    schemas = [r["table_schema"] for r in await db.fetch(TABLES, timeout=ANSWER_S)]
     if not schemas:
         return 0
     counts = " + ".join(
         f"(SELECT count(*) FROM {quote_ident(s)}.processed_messages)" for s in schemas
     )
     try:
-        return int(await db.fetchval(f"SELECT {counts}"))
+        return int(await db.fetchval(f"SELECT {counts}", timeout=ANSWER_S))
     except asyncpg.UndefinedTableError:  # a schema dropped between the two statements
         return 0
 
@@ -188,7 +189,7 @@ async def measure(bench_args: Sequence[str]) -> int:
             env=env,
             preexec_fn=_die_with_parent,  # a killed measurement leaves no bench behind
         )
-        db = await asyncpg.connect(postgres.url)
+        db = await asyncpg.connect(postgres.url, timeout=ANSWER_S)
         samples: list[Sample] = []
         meters = (Meter(), Meter())
         try:
@@ -201,7 +202,7 @@ async def measure(bench_args: Sequence[str]) -> int:
             await db.close()
             if bench.returncode is None:
                 bench.kill()
-            await bench.wait()
+            await asyncio.wait_for(bench.wait(), ANSWER_S)
         for line in summary(samples):
             print(line, flush=True)
         return bench.returncode or 0

@@ -31,6 +31,7 @@ import asyncpg
 
 from proving.chaos.cluster import free_port
 from proving.chaos.services import PG_BIN, PrivatePostgres, ServiceError, remove_tree
+from proving.deadlines import ANSWER_S
 
 PRIMARY_SETTINGS = {"synchronous_standby_names": "*", "wal_sender_timeout": "10s"}
 STANDBY_SETTINGS = {"synchronous_standby_names": "", "wal_receiver_status_interval": "1s"}
@@ -114,11 +115,12 @@ class StandbyPair:
             patience,
             f"{n} commits begun after {since} waiting for the standby",
         )
-        conn = await asyncpg.connect(self.primary.url)
+        conn = await asyncpg.connect(self.primary.url, timeout=ANSWER_S)
         try:
             rows = await conn.fetch(
                 "SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND xact_start > $1",
                 since,
+                timeout=ANSWER_S,
             )
         finally:
             await conn.close()
@@ -127,11 +129,12 @@ class StandbyPair:
     async def cancel_waiting_commits(self, *, terminate: bool = False) -> datetime.datetime:
         """pg_cancel_backend (or pg_terminate_backend) every waiting COMMIT; the server's now()."""
         call = "pg_terminate_backend" if terminate else "pg_cancel_backend"
-        conn = await asyncpg.connect(self.primary.url)
+        conn = await asyncpg.connect(self.primary.url, timeout=ANSWER_S)
         try:
             row = await conn.fetchrow(
                 f"SELECT now() AS at, count({call}(pid)) AS signalled"
-                " FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+                " FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+                timeout=ANSWER_S,
             )
             assert row is not None  # an aggregate: always one row
             now: datetime.datetime = row["at"]
@@ -142,9 +145,10 @@ class StandbyPair:
     async def promote(self, patience: float = 60.0) -> None:
         """Start the standby if it is stopped and make it the primary."""
         await self.standby.start()
-        conn = await asyncpg.connect(self.standby.url)
+        conn = await asyncpg.connect(self.standby.url, timeout=ANSWER_S)
         try:
-            await conn.execute("SELECT pg_promote(wait => true)")
+            # pg_promote waits up to its own 60 s (wait_seconds) for the promotion.
+            await conn.execute("SELECT pg_promote(wait => true)", timeout=60 + ANSWER_S)
         finally:
             await conn.close()
         await self._until(
@@ -168,9 +172,9 @@ class StandbyPair:
         last: object = None
         while True:
             try:
-                conn = await asyncpg.connect(url or self.primary.url)
+                conn = await asyncpg.connect(url or self.primary.url, timeout=ANSWER_S)
                 try:
-                    last = await conn.fetchval(sql)
+                    last = await conn.fetchval(sql, timeout=ANSWER_S)
                 finally:
                     await conn.close()
                 if done(last):

@@ -20,6 +20,7 @@ from typing import Any
 from consumers import App, Context, DeadToken, push_job_body
 from dedupe import DbConnection
 from providers import Platform, Provider, Target
+from proving.deadlines import ANSWER_S
 
 QUEUE = "demo.orders.shipped"
 PUSH_QUEUE = "demo.notifications"
@@ -68,9 +69,12 @@ async def fake_providers() -> Provider:
 
 async def prune_device(tx: DbConnection, dead: DeadToken) -> None:
     """Runs once per dead token, in the transaction that records the failure."""
-    await tx.execute("DELETE FROM demo_devices WHERE token = $1", dead.token)
+    await tx.execute("DELETE FROM demo_devices WHERE token = $1", dead.token, timeout=ANSWER_S)
     await tx.execute(
-        "INSERT INTO demo_pruned (token, reason) VALUES ($1, $2)", dead.token, dead.reason
+        "INSERT INTO demo_pruned (token, reason) VALUES ($1, $2)",
+        dead.token,
+        dead.reason,
+        timeout=ANSWER_S,
     )
 
 

@@ -26,6 +26,7 @@ import asyncpg
 from dedupe import DbConnection, job_message_id, parse_message_id
 from ingress.client import Refused, SendClient
 from ingress.keys import ApiKeys
+from proving.deadlines import ANSWER_S
 
 TENANT = "acme"
 SHARE = 0.25  # of the distinct push jobs go through serve
@@ -113,7 +114,7 @@ class Serve:
 
 
 async def create_key(db_url: str) -> str:
-    conn = await asyncpg.connect(db_url)
+    conn = await asyncpg.connect(db_url, timeout=ANSWER_S)
     try:
         return await ApiKeys("public").create(conn, TENANT)
     finally:
@@ -169,12 +170,17 @@ async def ingress_report(
         for r in await db.fetch(
             "SELECT idempotency_key, message_id FROM ingress_idempotency_keys WHERE tenant = $1",
             TENANT,
+            timeout=ANSWER_S,
         )
     }
-    messages = await db.fetchval("SELECT count(*) FROM ingress_messages WHERE tenant = $1", TENANT)
+    messages = await db.fetchval(
+        "SELECT count(*) FROM ingress_messages WHERE tenant = $1", TENANT, timeout=ANSWER_S
+    )
     outbox = Counter(
         r["message_id"]
-        for r in await db.fetch("SELECT message_id FROM outbox WHERE tenant = $1", TENANT)
+        for r in await db.fetch(
+            "SELECT message_id FROM outbox WHERE tenant = $1", TENANT, timeout=ANSWER_S
+        )
     )
     settled = Counter(
         r["message_id"]
@@ -183,6 +189,7 @@ async def ingress_report(
             " AND status IN ('sent', 'failed')",
             queue,
             TENANT,
+            timeout=ANSWER_S,
         )
     )
     lost = 0

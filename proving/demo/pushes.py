@@ -20,6 +20,7 @@ from providers import Platform, Target
 from providers.fakes.apns import FakeApns
 from providers.fakes.env import collapse_ids_sent, fakes_env
 from providers.fakes.fcm import FakeFcm
+from proving.deadlines import ANSWER_S
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,13 +114,16 @@ class PushReport:
 
 async def settled_targets(db: DbConnection) -> int:
     done: int = await db.fetchval(
-        "SELECT count(*) FROM outbound_sends WHERE status IN ('sent', 'failed')"
+        "SELECT count(*) FROM outbound_sends WHERE status IN ('sent', 'failed')",
+        timeout=ANSWER_S,
     )
     return done
 
 
 async def push_report(db: DbConnection, fakes: DemoFakes, plan: PushPlan) -> PushReport:
-    rows = await db.fetch("SELECT status, provider_message_id, token, sends FROM outbound_sends")
+    rows = await db.fetch(
+        "SELECT status, provider_message_id, token, sends FROM outbound_sends", timeout=ANSWER_S
+    )
     by_status = Counter(r["status"] for r in rows)
     leases = Counter[str]()
     for r in rows:
@@ -137,6 +141,6 @@ async def push_report(db: DbConnection, fakes: DemoFakes, plan: PushPlan) -> Pus
         extra_pushes=sum(n - 1 for n in per_token.values() if n > 1),
         extra_beyond_leases=sum(max(0, n - leases[token]) for token, n in per_token.items()),
         extra_with_other_collapse_id=sum(1 for ids in collapse_ids.values() if len(ids) > 1),
-        pruned=await db.fetchval("SELECT count(*) FROM demo_pruned"),
+        pruned=await db.fetchval("SELECT count(*) FROM demo_pruned", timeout=ANSWER_S),
         not_settled=plan.targets - by_status["sent"] - by_status["failed"],
     )

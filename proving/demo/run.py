@@ -27,6 +27,7 @@ import asyncpg
 from consumers import REASON_HEADER, Publisher, Settings, dead_letter_queue
 from consumers.broker.topology import declare, delete
 from dedupe import LEASE_EXPIRED, migrate
+from proving.deadlines import ANSWER_S, within
 from proving.demo.app import PUSH_QUEUE, QUEUE, app, follows_up
 from proving.demo.ingress import (
     IngressTally,
@@ -104,23 +105,28 @@ def _database_url(url: str, name: str) -> str:
 
 
 async def _prepare_database(settings: Settings) -> str:
-    admin = await asyncpg.connect(settings.database.url)
+    admin = await asyncpg.connect(settings.database.url, timeout=ANSWER_S)
     try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{DEMO_DATABASE}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{DEMO_DATABASE}"')
+        await admin.execute(
+            f'DROP DATABASE IF EXISTS "{DEMO_DATABASE}" WITH (FORCE)', timeout=ANSWER_S
+        )
+        await admin.execute(f'CREATE DATABASE "{DEMO_DATABASE}"', timeout=ANSWER_S)
     finally:
         await admin.close()
     url = _database_url(settings.database.url, DEMO_DATABASE)
-    conn = await asyncpg.connect(url)
+    conn = await asyncpg.connect(url, timeout=ANSWER_S)
     try:
         await migrate(conn, "public")
         await conn.execute(
             "CREATE TABLE demo_effects (id bigserial PRIMARY KEY, tenant text NOT NULL,"
             " message_id text NOT NULL, order_id integer NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
+            " applied_at timestamptz NOT NULL DEFAULT now())",
+            timeout=ANSWER_S,
         )
-        await conn.execute("CREATE TABLE demo_devices (token text PRIMARY KEY)")
-        await conn.execute("CREATE TABLE demo_pruned (token text NOT NULL, reason text NOT NULL)")
+        await conn.execute("CREATE TABLE demo_devices (token text PRIMARY KEY)", timeout=ANSWER_S)
+        await conn.execute(
+            "CREATE TABLE demo_pruned (token text NOT NULL, reason text NOT NULL)", timeout=ANSWER_S
+        )
     finally:
         await conn.close()
     return url
@@ -164,12 +170,12 @@ class Workers:
 
 async def _read_dead_letters(url: str) -> Counter[tuple[str, str]]:
     """(reason, message_id) of every dead letter, taken off the demo's DLQ."""
-    connection = await aio_pika.connect(url)
+    connection = await aio_pika.connect(url, timeout=ANSWER_S)
     found: Counter[tuple[str, str]] = Counter()
     try:
-        channel = await connection.channel()
+        channel = await within(ANSWER_S, "a channel", connection.channel())
         dlq = await channel.get_queue(dead_letter_queue(QUEUE), ensure=True)
-        while (message := await dlq.get(no_ack=True, fail=False)) is not None:
+        while (message := await dlq.get(no_ack=True, fail=False, timeout=ANSWER_S)) is not None:
             reason = str((message.headers or {}).get(REASON_HEADER, "broker"))
             found[(reason, message.message_id or "")] += 1
     finally:
@@ -204,8 +210,8 @@ async def run_demo(
     )
 
     db_url = await _prepare_database(settings)
-    connection = await aio_pika.connect(settings.amqp.url)
-    channel = await connection.channel()
+    connection = await aio_pika.connect(settings.amqp.url, timeout=ANSWER_S)
+    channel = await within(ANSWER_S, "a channel", connection.channel())
     for queue in (QUEUE, PUSH_QUEUE):
         await delete(channel, queue, app.specs[queue].retry)
         await declare(channel, queue, app.specs[queue].retry, settings.amqp)
@@ -226,8 +232,10 @@ async def run_demo(
     pool = Workers(env, log_dir)
     procs = [pool.start() for _ in range(workers)]
     serve = Serve(env, log_dir, PUSH_QUEUE)
-    db = await asyncpg.connect(db_url)
-    publisher, pub_connection = await Publisher.connect(settings.amqp.url)
+    db = await asyncpg.connect(db_url, timeout=ANSWER_S)
+    publisher, pub_connection = await within(
+        ANSWER_S, "the demo publisher's connection", Publisher.connect(settings.amqp.url)
+    )
     try:
         print(f"demo: {workers} workers started (logs in {log_dir}); publishing...")
 
@@ -266,7 +274,7 @@ async def run_demo(
         deadline = time.monotonic() + 180
         last_print = 0.0
         while time.monotonic() < deadline:
-            effects = await db.fetchval("SELECT count(*) FROM demo_effects")
+            effects = await db.fetchval("SELECT count(*) FROM demo_effects", timeout=ANSWER_S)
             if not killed and effects >= len(unique) * 0.4:
                 victim = procs[0]
                 pool.kill(victim)
@@ -292,13 +300,15 @@ async def run_demo(
             ):
                 break
             await asyncio.sleep(0.05)
-        await publishing
-        tally = await sending
+        # Both end well before the drain above does, or never.
+        await within(ANSWER_S, "the demo's publishes", publishing)
+        tally = await within(ANSWER_S, "the demo's jobs sent over HTTP", sending)
         pool.stop_all()
         serve.stop()
 
         rows = await db.fetch(
-            "SELECT tenant, message_id, count(*) AS c FROM demo_effects GROUP BY 1, 2"
+            "SELECT tenant, message_id, count(*) AS c FROM demo_effects GROUP BY 1, 2",
+            timeout=ANSWER_S,
         )
         report = await push_report(db, fakes, push_plan)
         outbox = await outbox_report(db, follow_ups)
@@ -420,16 +430,20 @@ async def outbox_report(
         r["message_id"]
         for r in await db.fetch(
             "SELECT DISTINCT message_id FROM outbound_sends"
-            " WHERE message_id LIKE '%:push' AND status IN ('sent', 'failed')"
+            " WHERE message_id LIKE '%:push' AND status IN ('sent', 'failed')",
+            timeout=ANSWER_S,
         )
     }
     return OutboxReport(
         expected=len(follow_ups),
         # The follow-ups' rows; the send API's jobs share the table (the ingress line counts those).
-        enqueued=await db.fetchval("SELECT count(*) FROM outbox WHERE message_id LIKE '%:push'"),
+        enqueued=await db.fetchval(
+            "SELECT count(*) FROM outbox WHERE message_id LIKE '%:push'", timeout=ANSWER_S
+        ),
         published=await db.fetchval(
             "SELECT count(*) FROM outbox"
-            " WHERE message_id LIKE '%:push' AND published_at IS NOT NULL"
+            " WHERE message_id LIKE '%:push' AND published_at IS NOT NULL",
+            timeout=ANSWER_S,
         ),
         emitted=len(settled & follow_ups),
         lost=len(follow_ups - settled),
@@ -437,10 +451,12 @@ async def outbox_report(
 
 
 async def _dead_letters_ready(url: str) -> int:
-    connection = await aio_pika.connect(url)
+    connection = await aio_pika.connect(url, timeout=ANSWER_S)
     try:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(dead_letter_queue(QUEUE), passive=True)
+        channel = await within(ANSWER_S, "a channel", connection.channel())
+        queue = await channel.declare_queue(
+            dead_letter_queue(QUEUE), passive=True, timeout=ANSWER_S
+        )
         return queue.declaration_result.message_count or 0
     finally:
         await connection.close()

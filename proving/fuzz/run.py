@@ -41,14 +41,17 @@ from consumers import REASON_HEADER, dead_letter_queue, tier_queue
 from dedupe import migrate, quote_ident
 from proving.chaos.run import free_port
 from proving.chaos.services import PrivateRabbit, remove_tree
+from proving.deadlines import deadline
 from proving.fuzz.app import EFFECTS_TABLE, RETRY
 from proving.fuzz.inputs import RawInput, raw_inputs
 from proving.keptlogs import keep_log
-from proving.rawamqp import BrokerRefused, RawPublisher
+from proving.rawamqp import READ_DEADLINE_S, BrokerRefused, RawPublisher
 
 MARK_HEADER = "x-fuzz-n"
 WINDOW = 200  # publishes in flight before waiting for their confirms
 MAX_BODY_BYTES = 4096  # small, so the body_too_large inputs stay small too
+QUERY_TIMEOUT_S = 30.0  # a count, a declare or a get on the private node and the database
+SETUP_DEADLINE_S = 60.0  # migrating a fresh schema and opening a channel
 _PREFIX = re.compile(r"^fz(\d+)-")
 
 
@@ -140,6 +143,7 @@ async def publish(
     """Publish every input, `WINDOW` at a time; (confirmed, indices the broker refused)."""
     published = 0
     refused: set[int] = set()
+    # unbounded: its connect and each frame read have deadlines (proving.rawamqp)
     publisher = await RawPublisher.connect(host=host, port=port)
     try:
         for start in range(0, len(raw_inputs_), WINDOW):
@@ -155,13 +159,15 @@ async def publish(
             # One at a time, to tell which the broker refuses (a copy of an
             # input confirmed before the refusal is acked as a duplicate).
             for n, raw in enumerate(window, start):
+                # unbounded: its connect and each frame read have deadlines (proving.rawamqp)
                 publisher = await RawPublisher.connect(host=host, port=port)
                 try:
-                    await publisher.publish(queue, raw.body, raw.properties)
+                    await publisher.publish(queue, raw.body, raw.properties)  # unbounded: as above
                     published += 1
                 except (BrokerRefused, OSError, asyncio.IncompleteReadError):
                     refused.add(n)
                 await publisher.close()
+            # unbounded: its connect and each frame read have deadlines (proving.rawamqp)
             publisher = await RawPublisher.connect(host=host, port=port)
     finally:
         await publisher.close()
@@ -216,13 +222,15 @@ class _Worker:
 async def _pending(channel: aio_pika.abc.AbstractChannel, queue: str) -> int:
     total = 0
     for name in [queue, *(tier_queue(queue, t) for t in RETRY.tiers_seconds)]:
-        declared = await channel.declare_queue(name, passive=True)
+        declared = await channel.declare_queue(name, passive=True, timeout=QUERY_TIMEOUT_S)
         total += declared.declaration_result.message_count or 0
     return total
 
 
 async def _dead_count(channel: aio_pika.abc.AbstractChannel, queue: str) -> int:
-    declared = await channel.declare_queue(dead_letter_queue(queue), passive=True)
+    declared = await channel.declare_queue(
+        dead_letter_queue(queue), passive=True, timeout=QUERY_TIMEOUT_S
+    )
     return declared.declaration_result.message_count or 0
 
 
@@ -232,7 +240,7 @@ async def _take_dead_letters(
     """Every dead letter off the DLQ; its count per input."""
     dlq = await channel.get_queue(dead_letter_queue(queue), ensure=False)
     per_input: Counter[int] = Counter()
-    while (message := await dlq.get(no_ack=True, fail=False)) is not None:
+    while (message := await dlq.get(no_ack=True, fail=False, timeout=QUERY_TIMEOUT_S)) is not None:
         headers = message.headers or {}
         reason = headers.get(REASON_HEADER)
         if not reason:
@@ -275,12 +283,13 @@ async def _fuzz(
     inputs = len(drawn)
     queue = "fuzz.inputs"
     schema = f"fuzz_{uuid.uuid4().hex[:10]}"
-    db = await asyncpg.connect(database_url)
-    await migrate(db, schema)
-    await db.execute(f"SET search_path TO {quote_ident(schema)}")
-    await db.execute(EFFECTS_TABLE)
-    connection = await aio_pika.connect(amqp_url)
-    channel = await connection.channel()
+    async with deadline(SETUP_DEADLINE_S, "the fuzz schema and a channel to the private node"):
+        db = await asyncpg.connect(database_url, timeout=10, command_timeout=QUERY_TIMEOUT_S)
+        await migrate(db, schema)
+        await db.execute(f"SET search_path TO {quote_ident(schema)}")
+        await db.execute(EFFECTS_TABLE)
+        connection = await aio_pika.connect(amqp_url, timeout=10)
+        channel = await connection.channel()
     env = {
         **os.environ,
         "AMQP_URL": amqp_url,
@@ -295,21 +304,25 @@ async def _fuzz(
         worker.start()
         await _wait_declared(connection, queue, worker)
         address = urlsplit(amqp_url)
-        outcome.published, refused = await publish(
-            drawn, queue, address.hostname or "127.0.0.1", address.port or 5672
-        )
+        # A confirm per window, each frame within READ_DEADLINE_S; one at a time after a refusal.
+        async with deadline((inputs / WINDOW + 1) * READ_DEADLINE_S, "publishing the fuzz inputs"):
+            outcome.published, refused = await publish(
+                drawn, queue, address.hostname or "127.0.0.1", address.port or 5672
+            )
         outcome.refused = len(refused)
         limit = time.monotonic() + (deadline_s or max(120.0, inputs / 100))
         while time.monotonic() < limit:
             worker.check()
-            effects = await db.fetchval("SELECT count(*) FROM fuzz_effects")
+            effects = await db.fetchval(
+                "SELECT count(*) FROM fuzz_effects", timeout=QUERY_TIMEOUT_S
+            )
             settled = effects + await _dead_count(channel, queue)
             if settled >= outcome.published and await _pending(channel, queue) == 0:
                 break
             await asyncio.sleep(1)
         await worker.stop()
         dead = await _take_dead_letters(channel, queue, outcome)
-        rows = await db.fetch("SELECT message_id FROM fuzz_effects")
+        rows = await db.fetch("SELECT message_id FROM fuzz_effects", timeout=QUERY_TIMEOUT_S)
         effected: Counter[int] = Counter()
         for row in rows:
             if (found := _PREFIX.match(row["message_id"])) is not None:
@@ -334,7 +347,7 @@ async def _fuzz(
         outcome.crash_logs = worker.crash_logs
         with contextlib.suppress(Exception):
             await connection.close()
-        await db.execute(f"DROP SCHEMA {quote_ident(schema)} CASCADE")
+        await db.execute(f"DROP SCHEMA {quote_ident(schema)} CASCADE", timeout=QUERY_TIMEOUT_S)
         await db.close()
     return outcome
 
@@ -346,8 +359,9 @@ async def _wait_declared(
     while time.monotonic() < deadline:
         worker.check()
         try:
-            probe = await connection.channel()  # a refused passive declare closes it
-            await probe.declare_queue(queue, passive=True)
+            # a refused passive declare closes the channel
+            probe = await asyncio.wait_for(connection.channel(), QUERY_TIMEOUT_S)
+            await probe.declare_queue(queue, passive=True, timeout=QUERY_TIMEOUT_S)
             await probe.close()
             return
         except aio_pika.exceptions.ChannelClosed:

@@ -15,6 +15,7 @@ import aio_pika
 
 from proving.bench.bare import consume_acking_multiple
 from proving.bench.scale.instrument import install_from_env
+from proving.deadlines import ANSWER_S, within
 
 
 async def consume(url: str, queue_name: str, prefetch: int) -> None:
@@ -22,9 +23,9 @@ async def consume(url: str, queue_name: str, prefetch: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    connection = await aio_pika.connect(url)
+    connection = await aio_pika.connect(url, timeout=ANSWER_S)
     try:
-        channel = await connection.channel()
+        channel = await within(ANSWER_S, "a channel", connection.channel())
         await channel.set_qos(prefetch_count=prefetch)
         queue = await channel.get_queue(queue_name, ensure=False)
         await consume_acking_multiple(queue, stop.wait)

@@ -24,6 +24,7 @@ from proving.bench.rounds import SETTLE_SECONDS, say
 from proving.bench.sandbox import Sandbox
 from proving.bench.scale.instrument import DIR_ENV
 from proving.bench.workload import publish_backlog
+from proving.deadlines import ANSWER_S, within
 
 POLL_SECONDS = 0.05
 STOP_SECONDS = 60.0
@@ -119,11 +120,11 @@ class ScaleRounds:
     async def once(self, setup: Setup, label: str) -> float:
         n = self.options.messages
         queue = await self.channel.get_queue(self.sandbox.queue, ensure=False)
-        await queue.purge()
+        await queue.purge(timeout=ANSWER_S)
         await self.sandbox.reset(self.admin, keep_claims=False)
         self._seed += 1
         await publish_backlog(self.channel, self.sandbox.queue, n, seed=self._seed)
-        await self.admin.execute("CHECKPOINT")
+        await self.admin.execute("CHECKPOINT", timeout=ANSWER_S)
         await asyncio.sleep(SETTLE_SECONDS)
         with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
             directory = Path(tmp)
@@ -198,11 +199,11 @@ async def scale(options: BenchOptions, settings: Settings, log: IO[bytes]) -> in
     amqp = replace(settings.amqp, queue_type=options.queue_type or settings.amqp.queue_type)
     sandbox = Sandbox.fresh(amqp)
     settings = replace(settings, amqp=amqp)
-    admin = await asyncpg.connect(settings.database.url)
-    connection = await aio_pika.connect(amqp.url)
+    admin = await asyncpg.connect(settings.database.url, timeout=ANSWER_S)
+    connection = await aio_pika.connect(amqp.url, timeout=ANSWER_S)
     rates = Rates()
     try:
-        channel = await connection.channel(publisher_confirms=True)
+        channel = await within(ANSWER_S, "a channel", connection.channel(publisher_confirms=True))
         await sandbox.create(admin, channel)
         say(
             f"bench --scale: {options.messages:,} messages per run, {options.repeats} runs per"
@@ -221,7 +222,7 @@ async def scale(options: BenchOptions, settings: Settings, log: IO[bytes]) -> in
         say(scale_line(rates))
     finally:
         try:
-            await sandbox.drop(admin, await connection.channel())
+            await sandbox.drop(admin, await within(ANSWER_S, "a channel", connection.channel()))
         finally:
             await connection.close()
             await admin.close()
