@@ -9,7 +9,8 @@ It consumes COUNT messages, closes and prints `acked=COUNT peak_mb=M`. There
 is no clock in here: the bench times this process from outside, by the
 queue's depth (`proving.bench.untimed`). Run with `-I`, it imports only
 aio-pika and the standard library, so no instrument of the bench process
-(`proving.bench.stopwatch`) can reach it.
+(`proving.bench.stopwatch`) can reach it; and no deadline of ours either:
+the bench bounds this process from outside (`proving.bench.untimed`).
 """
 
 from __future__ import annotations
@@ -31,17 +32,19 @@ async def consume(url: str, queue_name: str, prefetch: int, count: int) -> int:
         nonlocal received
         received += 1
         if received % ack_every == 0 or received == count:
-            await message.ack(multiple=True)
+            await message.ack(multiple=True)  # unbounded: the bench's child, bounded from outside
         if received == count:
             done.set()
 
-    connection = await aio_pika.connect_robust(url)
+    connection = await aio_pika.connect_robust(
+        url
+    )  # unbounded: the bench's child, bounded from outside
     async with connection:
-        channel = await connection.channel()
+        channel = await connection.channel()  # unbounded: the bench's child, bounded from outside
         await channel.set_qos(prefetch_count=prefetch)
         queue = await channel.get_queue(queue_name, ensure=False)
-        await queue.consume(on_message)
-        await done.wait()
+        await queue.consume(on_message)  # unbounded: the bench's child, bounded from outside
+        await done.wait()  # unbounded: the bench's child, bounded from outside
     return received
 
 

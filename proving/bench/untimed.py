@@ -37,7 +37,7 @@ import aio_pika
 
 from proving.bench.stopwatch import Timing
 from proving.bench.variant import Run, Variant
-from proving.deadlines import within
+from proving.deadlines import ANSWER_S, within
 
 POLL_SECONDS = 0.01
 EXIT_SECONDS = 30.0  # for the consumer to close once it has acked everything
@@ -49,7 +49,7 @@ class BareRunFailed(Exception):
 
 
 async def _depth(channel: aio_pika.abc.AbstractChannel, queue: str) -> int:
-    declared = await channel.declare_queue(queue, passive=True)
+    declared = await channel.declare_queue(queue, passive=True, timeout=ANSWER_S)
     return declared.declaration_result.message_count or 0
 
 
