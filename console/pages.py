@@ -13,14 +13,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from console.audit import new_intent
-from console.escape import shown_body
 from console.filters import BadFilter, Filters
 from console.signin import operator_of
 from console.state import Console
-from console.views import claim_verdict, header_rows, read_queue, summarize
+from console.views import read_queue, shown_copy, shown_sends, summarize
 from consumers.commands.deadletters import NoSuchQueue, work_queue_of
 from consumers.commands.replay import Replayed, database_claims, replay
-from consumers.push.answers import redact
 from dedupe import DedupeKey, look_up
 
 
@@ -79,16 +77,6 @@ def install(app: FastAPI, console: Console) -> None:
         key = DedupeKey(consumer=queue, tenant=tenant, message_id=message_id)
         async with console.db().acquire() as conn:
             record = await look_up(conn, console.settings.database.schema, key)
-        shown = [
-            {
-                "letter": copy,
-                "headers": list(header_rows(copy.message.headers or {})),
-                "body": shown_body(copy.message.body),
-                "verdict": claim_verdict(record, copy.message.body),
-            }
-            for copy in copies
-        ]
-        sends = [{**row, "token": redact(str(row.get("token") or ""))} for row in record.sends]
         filters = Filters(message_id=message_id, tenant=tenant, exact=True)
         return console.page(
             request,
@@ -98,9 +86,9 @@ def install(app: FastAPI, console: Console) -> None:
             key=key,
             held=held,
             read=len(found),
-            copies=shown,
+            copies=[shown_copy(copy, record) for copy in copies],
             record=record,
-            sends=sends,
+            sends=shown_sends(record),
             filters=filters,
             intent=new_intent(),
         )

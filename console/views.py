@@ -13,11 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
+from markupsafe import Markup
 
 from console.chart import Chart, arrivals
+from console.escape import shown_body
 from consumers.commands.deadletters import DeadLetter, read_dead_letters
 from consumers.commands.replay import same_body
 from consumers.handlers.retry import dead_letter_queue
+from consumers.push.answers import redact
 from dedupe import KeyRecord
 
 
@@ -115,6 +118,33 @@ def claim_verdict(record: KeyRecord, body: bytes) -> ClaimVerdict:
         text=f"claimed at {when} for another body: a replay would be dead-lettered again"
         " as message_id_reused (unless the consumer's own fingerprint ignores the difference)",
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShownCopy:
+    """One copy of a message in the DLQ, as its page shows it."""
+
+    letter: DeadLetter
+    headers: tuple[tuple[str, object], ...]  # dotted name, value
+    body: Markup
+    is_json: bool
+    verdict: ClaimVerdict
+
+
+def shown_copy(letter: DeadLetter, record: KeyRecord) -> ShownCopy:
+    body, is_json = shown_body(letter.message.body)
+    return ShownCopy(
+        letter=letter,
+        headers=tuple(header_rows(letter.message.headers or {})),
+        body=body,
+        is_json=is_json,
+        verdict=claim_verdict(record, letter.message.body),
+    )
+
+
+def shown_sends(record: KeyRecord) -> list[dict[str, object]]:
+    """The ledger's rows with each device token cut short."""
+    return [{**row, "token": redact(str(row.get("token") or ""))} for row in record.sends]
 
 
 def header_rows(headers: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, object]]:
