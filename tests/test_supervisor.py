@@ -75,6 +75,9 @@ async def test_two_processes_under_sigterm_exit_0_and_lose_nothing(
     assert workers <= set(pids)
 
     rest = spawn()  # one plain worker finishes what was left in the queue
+    # Its SIGTERM below must reach the handler, not the interpreter still starting
+    # (the supervisor's children may have applied everything already).
+    await rest.wait_logged("worker_started")
     await wait_for(lambda: _has(db, total), timeout=90)
     await settle(lambda: _effects(db), quiet=1.5)
     rest.terminate()
