@@ -229,6 +229,33 @@ async def drain_dead_letters(
     return taken
 
 
+def run_to_end(
+    argv: list[str], *, timeout: float, grace: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """Run `argv` from ROOT to its end; past `timeout`, SIGTERM it and fail with its output.
+
+    The chaos command answers SIGTERM with every task's stack on stderr, then
+    tears down: a run that does not end says what it was waiting for.
+    """
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise AssertionError(
+            f"{' '.join(argv)} did not end within {timeout:.0f} s (SIGTERMed)\n"
+            f"stdout ends:\n{out[-3000:]}\nstderr ends:\n{err[-6000:]}"
+        ) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def close_broker_connections(name: str) -> int:
     """Close the broker connections whose client-given name is `name`; return how many."""
     listed = subprocess.run(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from proving.chaos.checker import observed_timeouts
 from proving.chaos.fleet import Fleet
 from proving.chaos.profile import CI
 from proving.chaos.workload import JobKind, plan
-from tests.support import ROOT
+from tests.support import run_to_end
 
 LINE = re.compile(r"^chaos: messages=\d+ .*$", re.MULTILINE)
 
@@ -44,14 +43,7 @@ def _figures(line: str) -> dict[str, int]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_chaos_ci_profile_loses_nothing_doubles_nothing_leaves_nothing_stuck() -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "consumers", "chaos", "--profile", "ci"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=840,
-        check=False,
-    )
+    run = run_to_end([sys.executable, "-m", "consumers", "chaos", "--profile", "ci"], timeout=780)
     found = LINE.findall(run.stdout)
     assert found, f"no summary line\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     figures = _figures(found[-1])

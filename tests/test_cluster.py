@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 
 import pytest
@@ -12,7 +11,7 @@ from consumers import Publisher
 from dedupe import DbConnection
 from proving.chaos.cluster import LocalCluster
 from tests.conftest import Spawn
-from tests.support import ROOT, wait_consumers, wait_for
+from tests.support import run_to_end, wait_consumers, wait_for
 
 LINE = re.compile(r"^cluster: nodes=\d+ .*$", re.MULTILINE)
 
@@ -59,13 +58,8 @@ def _figures(line: str) -> dict[str, int]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_chaos_cluster_ci_profile_survives_leader_kills_and_a_rolling_restart() -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "consumers", "chaos", "--profile", "cluster-ci"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=840,
-        check=False,
+    run = run_to_end(
+        [sys.executable, "-m", "consumers", "chaos", "--profile", "cluster-ci"], timeout=780
     )
     found = LINE.findall(run.stdout)
     assert found, f"no summary line\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 
 import aio_pika
 import pytest
 
 from proving.deadlines import DeadlineExceeded, deadline, within
+from tests.support import run_to_end
 
 
 class SilentBroker:
@@ -83,3 +85,16 @@ async def test_a_state_that_does_not_answer_is_reported_not_waited_on(
     with pytest.raises(DeadlineExceeded):
         await within(0.1, "a wait on nothing", asyncio.Event().wait(), state=[Hung()])
     assert "no state within" in capsys.readouterr().err
+
+
+def test_a_child_past_its_timeout_is_sigtermed_and_its_last_words_shown() -> None:
+    # A child that, like the chaos command, answers SIGTERM by saying where it waits.
+    child = (
+        "import signal, sys, threading\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (print('waiting on the broker', file=sys.stderr),"
+        " sys.exit(1)))\n"
+        "print('started', flush=True)\n"
+        "threading.Event().wait()\n"
+    )
+    with pytest.raises(AssertionError, match=r"(?s)did not end within 1 s.*waiting on the broker"):
+        run_to_end([sys.executable, "-c", child], timeout=1.0, grace=30.0)

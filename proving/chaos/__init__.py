@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 from collections.abc import Sequence
 
 from consumers import Settings, configure_logging
@@ -30,6 +31,9 @@ from proving.chaos.report import (
     summary_line,
 )
 from proving.chaos.run import Outcome, run_chaos
+from proving.deadlines import task_stacks
+
+RUN_TASK = "chaos-run"
 
 __all__ = ["Outcome", "main", "run_chaos"]
 
@@ -42,20 +46,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _on_sigterm() -> None:
+    """Say where every task waits, then cancel the run so its teardown still runs.
+
+    A caller that gives up on the run (a test's timeout) sends SIGTERM: the
+    stacks say what the run was waiting for when it did.
+    """
+    print(f"chaos: SIGTERM; every task's stack:\n{task_stacks()}", file=sys.stderr, flush=True)
+    for task in asyncio.all_tasks():
+        if task.get_name() == RUN_TASK:
+            task.cancel()
+
+
 async def _guarded(profile: str, seed: int, keep: bool) -> Outcome:
-    """Run, turning SIGTERM into a cancellation so the teardown still runs."""
-    task = asyncio.current_task()
-    assert task is not None
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    return await run_chaos(PROFILES[profile], seed=seed, keep=keep)
+    """Run; SIGTERM prints the stacks and cancels it (`_on_sigterm`)."""
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, _on_sigterm)
+    run = asyncio.create_task(run_chaos(PROFILES[profile], seed=seed, keep=keep), name=RUN_TASK)
+    return await run
 
 
 async def _guarded_cluster(profile: str, seed: int, keep: bool) -> ClusterOutcome:
-    task = asyncio.current_task()
-    assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    return await run_cluster_chaos(CLUSTER_PROFILES[profile], seed=seed, keep=keep)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, _on_sigterm)
+    run = asyncio.create_task(
+        run_cluster_chaos(CLUSTER_PROFILES[profile], seed=seed, keep=keep), name=RUN_TASK
+    )
+    return await run
 
 
 def _cluster(profile: str, seed: int, keep: bool) -> int:
