@@ -102,7 +102,9 @@ class RetentionSettings:
 class MetricsSettings:
     # /metrics, /healthz and /readyz on this port; None: not served (the default).
     port: int | None = None
-    host: str = "0.0.0.0"  # probes and scrapes come from outside the pod
+    # Loopback: the endpoint has no authentication. A container that is probed or
+    # scraped from outside sets 0.0.0.0 (IW_METRICS_HOST; deploy/ does).
+    host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,7 +163,7 @@ class Settings:
             ),
             metrics=MetricsSettings(
                 port=int(port) if port else None,
-                host=env.get("IW_METRICS_HOST", "0.0.0.0"),
+                host=env.get("IW_METRICS_HOST", "127.0.0.1"),
             ),
             relay=RelaySettings(
                 in_run=env.get("IW_RELAY", "0").lower() in ("1", "true", "yes"),

@@ -104,6 +104,20 @@ def test_kubernetes_probes_and_scrape_use_the_endpoint_port_and_paths() -> None:
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
 
 
+def test_deploy_opens_the_metrics_port_to_every_address_wherever_it_serves_it() -> None:
+    """The endpoint listens on 127.0.0.1 unless told: probes and scrapes come from outside."""
+    k8s = Settings.from_env(_k8s()["ConfigMap/idempotent-workers"]["data"]).metrics
+    [compose] = _documents(DEPLOY / "compose.yaml")
+    composed = Settings.from_env(compose["x-app"]["environment"]).metrics
+    image_env = dict(
+        re.findall(r"(IW_METRICS_\w+)=([^\s\\]+)", (DEPLOY / "Dockerfile").read_text())
+    )
+    image = Settings.from_env(image_env).metrics
+    assert Settings.from_env({}).metrics.host == "127.0.0.1"
+    for metrics in (k8s, composed, image):
+        assert metrics.port is not None and metrics.host == "0.0.0.0", metrics
+
+
 def test_kubernetes_grace_covers_the_prestop_and_the_drain() -> None:
     k8s = _k8s()
     config = Settings.from_env(k8s["ConfigMap/idempotent-workers"]["data"])
