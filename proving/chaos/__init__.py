@@ -62,7 +62,7 @@ async def _guarded(profile: str, seed: int, keep: bool) -> Outcome:
     """Run; SIGTERM prints the stacks and cancels it (`_on_sigterm`)."""
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, _on_sigterm)
     run = asyncio.create_task(run_chaos(PROFILES[profile], seed=seed, keep=keep), name=RUN_TASK)
-    return await run
+    return await run  # unbounded: the run itself; each of its waits has a deadline
 
 
 async def _guarded_cluster(profile: str, seed: int, keep: bool) -> ClusterOutcome:
@@ -70,7 +70,7 @@ async def _guarded_cluster(profile: str, seed: int, keep: bool) -> ClusterOutcom
     run = asyncio.create_task(
         run_cluster_chaos(CLUSTER_PROFILES[profile], seed=seed, keep=keep), name=RUN_TASK
     )
-    return await run
+    return await run  # unbounded: the run itself; each of its waits has a deadline
 
 
 def _cluster(profile: str, seed: int, keep: bool) -> int:
