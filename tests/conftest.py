@@ -25,6 +25,7 @@ from consumers.broker.topology import delete
 from dedupe import DbConnection, migrate, quote_ident
 from proving.chaos.cluster import LocalCluster
 from proving.chaos.replicas import StandbyPair
+from proving.deadlines import ANSWER_S, within
 from tests.apps.effects import FAST_RETRY
 from tests.harness import Harness
 from tests.support import WorkerProcess
@@ -56,12 +57,12 @@ def schema() -> str:
 @pytest.fixture
 async def db(schema: str) -> AsyncIterator[DbConnection]:
     """A connection to a freshly migrated schema holding an `effects` table."""
-    conn = await asyncpg.connect(DATABASE_URL)
+    conn = await asyncpg.connect(DATABASE_URL, timeout=ANSWER_S)
     await migrate(conn, schema)
-    await conn.execute(f"SET search_path TO {quote_ident(schema)}")
-    await conn.execute(EFFECTS_TABLE)
+    await conn.execute(f"SET search_path TO {quote_ident(schema)}", timeout=ANSWER_S)
+    await conn.execute(EFFECTS_TABLE, timeout=ANSWER_S)
     yield conn
-    await conn.execute(f"DROP SCHEMA {quote_ident(schema)} CASCADE")
+    await conn.execute(f"DROP SCHEMA {quote_ident(schema)} CASCADE", timeout=ANSWER_S)
     await conn.close()
 
 
@@ -95,22 +96,24 @@ async def queue_name(retry_policy: RetryPolicy) -> AsyncIterator[str]:
     # quorum queue outlives its test on the shared broker (deleting a queue
     # that does not exist is a no-op).
     every_tier = sorted({*retry_policy.tiers_seconds, *TEST_TIERS_SECONDS})
-    connection = await aio_pika.connect(AMQP_URL)
-    channel = await connection.channel()
+    connection = await aio_pika.connect(AMQP_URL, timeout=ANSWER_S)
+    channel = await within(ANSWER_S, "a channel to the broker", connection.channel())
     await delete(channel, name, RetryPolicy(tiers_seconds=tuple(every_tier)))
     await connection.close()
 
 
 @pytest.fixture
 async def channel() -> AsyncIterator[aio_pika.abc.AbstractChannel]:
-    connection = await aio_pika.connect(AMQP_URL)
-    yield await connection.channel()
+    connection = await aio_pika.connect(AMQP_URL, timeout=ANSWER_S)
+    yield await within(ANSWER_S, "a channel to the broker", connection.channel())
     await connection.close()
 
 
 @pytest.fixture
 async def publisher() -> AsyncIterator[Publisher]:
-    pub, connection = await Publisher.connect(AMQP_URL)
+    pub, connection = await within(
+        ANSWER_S, "a publisher's connection", Publisher.connect(AMQP_URL)
+    )
     yield pub
     await connection.close()
 

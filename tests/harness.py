@@ -22,6 +22,7 @@ import aio_pika
 
 from consumers import App, Publisher, RetryPolicy, Settings, Worker, dead_letter_queue
 from dedupe import DbConnection
+from proving.deadlines import ANSWER_S, within
 from tests.support import drain_dead_letters, wait_for
 
 DeadLetter = aio_pika.abc.AbstractIncomingMessage
@@ -44,25 +45,33 @@ class Harness:
     async def publish(
         self, body: Mapping[str, Any] | bytes, *, message_id: str, tenant: str = ""
     ) -> None:
-        await self.publisher.publish(self.queue, body, message_id=message_id, tenant=tenant)
+        await within(
+            ANSWER_S,
+            f"the confirm of {message_id}",
+            self.publisher.publish(self.queue, body, message_id=message_id, tenant=tenant),
+        )
 
     async def publish_message(self, message: aio_pika.Message) -> None:
         await self.publisher.publish_message(self.queue, message)
 
     async def effects(self) -> int:
-        count: int = await self.db.fetchval("SELECT count(*) FROM effects")
+        count: int = await self.db.fetchval("SELECT count(*) FROM effects", timeout=ANSWER_S)
         return count
 
     async def processed(self) -> int:
-        count: int = await self.db.fetchval("SELECT count(*) FROM processed_messages")
+        count: int = await self.db.fetchval(
+            "SELECT count(*) FROM processed_messages", timeout=ANSWER_S
+        )
         return count
 
     async def dead_letter_count(self) -> int:
-        declared = await self.channel.declare_queue(dead_letter_queue(self.queue), passive=True)
+        declared = await self.channel.declare_queue(
+            dead_letter_queue(self.queue), passive=True, timeout=ANSWER_S
+        )
         return declared.declaration_result.message_count or 0
 
     async def ready_count(self) -> int:
-        declared = await self.channel.declare_queue(self.queue, passive=True)
+        declared = await self.channel.declare_queue(self.queue, passive=True, timeout=ANSWER_S)
         return declared.declaration_result.message_count or 0
 
     def outcomes(self) -> Counter[str]:

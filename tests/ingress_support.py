@@ -15,6 +15,7 @@ from dedupe import DbConnection
 from ingress.api import create_app
 from ingress.keys import ApiKeys
 from ingress.settings import IngressSettings
+from proving.deadlines import ANSWER_S, within
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,5 +49,5 @@ async def serve_in_process(
         yield Served(url=f"http://127.0.0.1:{port}", key=key, other_key=other, queue=settings.queue)
     finally:
         server.should_exit = True
-        await task
+        await within(ANSWER_S, "the send API server to exit", task)
         sock.close()

@@ -47,19 +47,22 @@ class ScriptedServer:
         self._server.close()
         for writer in self._writers:  # a hanging step's connection too
             writer.close()
-        await self._server.wait_closed()
+        await asyncio.wait_for(self._server.wait_closed(), 30)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.append(writer)
         try:
             while True:
+                # unbounded: a server waits for its client's next request, and ends with it
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")[1:]
                 headers = {
                     k.strip().lower(): v.strip()
                     for k, v in (line.split(":", 1) for line in lines if ":" in line)
                 }
-                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                body = await reader.readexactly(
+                    int(headers.get("content-length", "0"))
+                )  # unbounded: as above
                 self.seen.append(Seen(headers=headers, body=body))
                 step = self.steps.pop(0) if self.steps else CLOSE
                 if step == HANG:
@@ -71,7 +74,7 @@ class ScriptedServer:
                 out = [f"HTTP/1.1 {status} X", f"content-length: {len(data)}"]
                 out += ["content-type: application/json", *(f"{k}: {v}" for k, v in extra.items())]
                 writer.write(("\r\n".join(out) + "\r\n\r\n").encode() + data)
-                await writer.drain()
+                await writer.drain()  # unbounded: as above
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             return
         finally:

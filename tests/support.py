@@ -19,6 +19,7 @@ import aio_pika
 from prometheus_client.parser import text_string_to_metric_families
 
 from consumers import dead_letter_queue
+from proving.deadlines import ANSWER_S, deadline, within
 from proving.keptlogs import keep_log
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,15 +36,21 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
-async def settle(read: Callable[[], Awaitable[object]], *, quiet: float = 1.0) -> object:
-    """Wait until `read()` stops changing for `quiet` seconds; return its value."""
-    last = await read()
-    while True:
-        await asyncio.sleep(quiet)
-        now = await read()
-        if now == last:
-            return now
-        last = now
+async def settle(
+    read: Callable[[], Awaitable[object]], *, quiet: float = 1.0, timeout: float = 120.0
+) -> object:
+    """Wait until `read()` stops changing for `quiet` seconds; return its value.
+
+    Fails the test if it still changes after `timeout` seconds.
+    """
+    async with deadline(timeout, f"a reading to stay the same for {quiet} s"):
+        last = await read()
+        while True:
+            await asyncio.sleep(quiet)
+            now = await read()
+            if now == last:
+                return now
+            last = now
 
 
 class WorkerProcess:
@@ -108,7 +115,7 @@ class WorkerProcess:
 
     async def expect_exit(self, code: int, timeout: float = 30.0) -> None:
         """Wait for the exit; on any other exit status fail with the end of the worker's log."""
-        got = await self.wait(timeout)
+        got = await self.wait(timeout)  # unbounded: it has its timeout, as an argument
         if got != code:
             tail = "\n".join(self.log_text().splitlines()[-60:])
             raise AssertionError(
@@ -188,10 +195,10 @@ async def wait_declared(url: str, queue: str) -> None:
     """Wait until a worker process has declared `queue` (its topology is up)."""
 
     async def declared() -> bool:
-        connection = await aio_pika.connect(url)
+        connection = await aio_pika.connect(url, timeout=ANSWER_S)
         try:
-            channel = await connection.channel()
-            await channel.declare_queue(queue, passive=True)
+            channel = await within(ANSWER_S, "a channel to the broker", connection.channel())
+            await channel.declare_queue(queue, passive=True, timeout=ANSWER_S)
             return True
         except aio_pika.exceptions.ChannelClosed:
             return False
@@ -205,10 +212,10 @@ async def wait_consumers(url: str, queue: str, n: int, *, timeout: float = 30.0)
     """Wait until `queue` has at least `n` consumers (every worker is consuming)."""
 
     async def consuming() -> bool:
-        connection = await aio_pika.connect(url)
+        connection = await aio_pika.connect(url, timeout=ANSWER_S)
         try:
-            channel = await connection.channel()
-            declared = await channel.declare_queue(queue, passive=True)
+            channel = await within(ANSWER_S, "a channel to the broker", connection.channel())
+            declared = await channel.declare_queue(queue, passive=True, timeout=ANSWER_S)
             return (declared.declaration_result.consumer_count or 0) >= n
         except aio_pika.exceptions.ChannelClosed:
             return False
@@ -224,7 +231,7 @@ async def drain_dead_letters(
     """Take every message from the queue's dead-letter queue (acked)."""
     dlq = await channel.get_queue(dead_letter_queue(queue), ensure=True)
     taken = []
-    while (message := await dlq.get(no_ack=True, fail=False)) is not None:
+    while (message := await dlq.get(no_ack=True, fail=False, timeout=ANSWER_S)) is not None:
         taken.append(message)
     return taken
 
@@ -279,9 +286,10 @@ def close_broker_connections(name: str) -> int:
 
 async def no_message_ready(url: str, queue: str) -> bool:
     """Whether `queue` has no message waiting: each is acked or in a consumer's hands."""
-    connection = await aio_pika.connect(url)
+    connection = await aio_pika.connect(url, timeout=ANSWER_S)
     try:
-        declared = await (await connection.channel()).declare_queue(queue, passive=True)
+        channel = await within(ANSWER_S, "a channel to the broker", connection.channel())
+        declared = await channel.declare_queue(queue, passive=True, timeout=ANSWER_S)
         return declared.declaration_result.message_count == 0
     finally:
         await connection.close()

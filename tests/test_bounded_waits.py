@@ -1,6 +1,8 @@
 """No wait on another party without a deadline in proving/ (see proving.deadlines).
 
-An AST walk over every module of proving/: an `await` of a call known to
+An AST walk over every module of proving/ and the tests' shared helpers
+(fixtures, the harness, tests/support.py; each test itself is bounded by its
+pytest timeout): an `await` of a call known to
 wait on a broker, a database, a child process or a socket for as long as
 the other side keeps quiet must name its bound where it waits: a
 `timeout=` argument, or an enclosing `deadline(...)`, `asyncio.timeout(...)`
@@ -132,10 +134,15 @@ def unbounded_waits(text: str, where: str) -> Iterator[str]:
         yield f"{where}:{line}: {call}"
 
 
-def test_no_wait_in_proving_is_without_a_deadline() -> None:
+# The tests' shared plumbing: every test's waits on the services go through these.
+TEST_HELPERS = ("conftest.py", "harness.py", "support.py", "ingress_support.py", "scripted_http.py")
+
+
+def test_no_wait_in_proving_or_the_tests_helpers_is_without_a_deadline() -> None:
+    paths = [*(ROOT / "proving").rglob("*.py"), *(ROOT / "tests" / name for name in TEST_HELPERS)]
     found = [
         wait
-        for path in sorted((ROOT / "proving").rglob("*.py"))
+        for path in sorted(paths)
         for wait in unbounded_waits(path.read_text(), str(path.relative_to(ROOT)))
     ]
     assert not found, "waits with no deadline (see proving.deadlines):\n" + "\n".join(found)
