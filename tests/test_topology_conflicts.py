@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,7 @@ import aio_pika
 import pika
 import pytest
 
-from consumers import AmqpSettings
+from consumers import AmqpSettings, App, Context, Settings, Worker
 from consumers.broker.conflicts import TopologyConflict
 from consumers.broker.topology import declarations, declare, tier_arguments
 from consumers.handlers.retry import dead_letter_queue, tier_queue
@@ -147,3 +148,35 @@ async def test_a_conflict_the_declare_itself_meets_is_a_topology_conflict(
         await declare(channel, queue_name, FAST_RETRY, AmqpSettings(urls=(AMQP_URL,)))
     assert raised.value.queue == queue_name
     assert raised.value.refused.startswith("PRECONDITION_FAILED")
+
+
+def broker_channels(connection_name: str) -> int:
+    """How many channels the broker holds open on the connection named `connection_name`."""
+    listed = subprocess.run(
+        ["rabbitmqctl", "list_connections", "channels", "client_properties", "-q"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    for line in listed.stdout.splitlines():
+        channels, _, properties = line.partition("\t")
+        if f'{{"connection_name","{connection_name}"}}' in properties:
+            return int(channels)
+    raise AssertionError(f"no connection named {connection_name!r}:\n{listed.stdout}")
+
+
+async def test_the_check_leaves_no_channel_open_behind_it(
+    db: DbConnection, queue_name: str, settings: Settings
+) -> None:
+    """Every queue missing on a first start costs the check a channel the broker closes:
+    none of them may come back to life on the worker's own connection."""
+    app = App(retry=FAST_RETRY)
+
+    @app.handler(queue_name)
+    async def record(ctx: Context) -> None:
+        pass
+
+    async with Worker(app, settings) as worker:
+        held = broker_channels(f"idempotent-workers {worker.worker_id}")
+    # The publisher-confirms channel, and one per batch loop.
+    assert held == 1 + settings.worker.concurrency * len(app.specs)

@@ -29,7 +29,7 @@ import asyncpg
 import structlog
 
 from consumers.broker.conflicts import check
-from consumers.broker.connection import connect
+from consumers.broker.connection import connect, connect_once
 from consumers.broker.headers import read_leniently
 from consumers.broker.topology import declarations, declare
 from consumers.handlers.app import App
@@ -109,15 +109,8 @@ class Worker:
         )
         async with self.pool.acquire() as conn:
             await check_schema(conn, db.schema)
+        await self._check_topology()  # before any queue is declared
         self._connection = await connect(amqp.urls, name=f"idempotent-workers {self.worker_id}")
-        await check(
-            self._connection,
-            [
-                declaration
-                for spec in self.app.specs.values()
-                for declaration in declarations(spec.queue, spec.retry, amqp)
-            ],
-        )
         confirm_channel = await self._connection.channel(publisher_confirms=True)
         dispatcher = Dispatcher(confirm_channel, log_effects=self.log_effects, metrics=self.metrics)
         inbox = Inbox(db.schema)
@@ -135,6 +128,27 @@ class Worker:
             max_batch=ws.max_batch,
             concurrency=ws.concurrency,
         )
+
+    async def _check_topology(self) -> None:
+        """Raise TopologyConflict if a queue exists otherwise (`consumers.broker.conflicts`).
+
+        On a plain connection of its own: a channel the broker closes (NOT_FOUND,
+        PRECONDITION_FAILED) stays closed, where a robust one would be reopened in
+        the background and kept open for as long as the worker runs.
+        """
+        amqp = self.settings.amqp
+        checking = await connect_once(amqp.urls)
+        try:
+            await check(
+                checking,
+                [
+                    declaration
+                    for spec in self.app.specs.values()
+                    for declaration in declarations(spec.queue, spec.retry, amqp)
+                ],
+            )
+        finally:
+            await checking.close()
 
     async def _provider(self, spec: HandlerSpec) -> Provider:
         """The queue's provider, built once inside the running loop."""
