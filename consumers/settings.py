@@ -57,6 +57,9 @@ class DatabaseSettings:
     url: str = DEFAULT_DATABASE_URL
     schema: str = "public"  # where processed_messages lives; first on search_path
     pool_size: int = 4
+    # Refuse to start (exit 78) on a primary whose standbys its commits do not
+    # wait for: an ack there is lost by a failover (dedupe.replication).
+    require_synchronous_replication: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,6 +146,8 @@ class Settings:
                 url=env.get("DATABASE_URL", DEFAULT_DATABASE_URL),
                 schema=env.get("DATABASE_SCHEMA", "public"),
                 pool_size=int(env.get("IW_POOL_SIZE", "4")),
+                require_synchronous_replication=env.get("IW_REQUIRE_SYNC_REPLICATION", "")
+                in ("1", "true", "yes"),
             ),
             worker=WorkerSettings(
                 prefetch=int(env.get("IW_PREFETCH", "1000")),

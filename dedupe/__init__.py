@@ -37,7 +37,12 @@ from dedupe.messages import (
 )
 from dedupe.migrate import available_migrations, check_schema, migrate, quote_ident
 from dedupe.outbox import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure
-from dedupe.replication import is_replication_cancel, replicated
+from dedupe.replication import (
+    ReplicationState,
+    is_replication_cancel,
+    read_replication,
+    replicated,
+)
 from dedupe.retention import CleanerBusy, CleanupResult, Retention, cleanup
 from dedupe.stats import OUTBOX_COUNT_CAP, TableStats, table_stats
 from dedupe.transition import Transition, transition
@@ -70,6 +75,7 @@ __all__ = [
     "Outbox",
     "OutboxRow",
     "PublishFailure",
+    "ReplicationState",
     "Retention",
     "SchemaMissing",
     "SendIntent",
@@ -95,6 +101,7 @@ __all__ = [
     "migrate",
     "parse_message_id",
     "quote_ident",
+    "read_replication",
     "replicated",
     "table_stats",
     "transition",

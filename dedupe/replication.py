@@ -28,6 +28,11 @@ a notice delivered one loop turn late. The listener is added per commit and
 removed after: the pool's release resets a connection, log listeners
 included, so one added when the connection was made would be gone.
 
+What a worker says at start (`read_replication`): a primary with standbys
+whose commits wait for none of them (`synchronous_standby_names` empty, or
+`synchronous_commit` local or off for our sessions) acknowledges commits a
+failover can lose; `ReplicationState.unprotected` names that case.
+
 The second half of the promise is in the claims (`dedupe.inbox`,
 `dedupe.messages`): a transaction that found a key already claimed holds a
 transaction id, so its COMMIT waits for the standby too, and a duplicate is
@@ -39,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -90,3 +96,36 @@ async def replicated(conn: DbConnection) -> AsyncIterator[None]:
         raise CommitOutcomeUnknown(
             f"{heard[0]}: committed on the primary, maybe not on its standby"
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicationState:
+    """What the primary and our session say about replication."""
+
+    standbys: int  # connected streaming standbys (pg_stat_replication)
+    synchronous_standby_names: str
+    synchronous_commit: str  # as our sessions have it
+
+    @property
+    def commits_wait(self) -> bool:
+        """Whether a COMMIT waits for a standby before it returns."""
+        return bool(self.synchronous_standby_names.strip()) and self.synchronous_commit not in (
+            "local",
+            "off",
+        )
+
+    @property
+    def unprotected(self) -> bool:
+        """Standbys a failover could promote, and commits that do not wait for them."""
+        return self.standbys > 0 and not self.commits_wait
+
+
+async def read_replication(conn: DbConnection) -> ReplicationState:
+    row = await conn.fetchrow(
+        "SELECT (SELECT count(*) FROM pg_stat_replication),"
+        " current_setting('synchronous_standby_names'), current_setting('synchronous_commit')"
+    )
+    assert row is not None
+    return ReplicationState(
+        standbys=int(row[0]), synchronous_standby_names=row[1], synchronous_commit=row[2]
+    )

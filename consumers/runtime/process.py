@@ -32,6 +32,7 @@ from consumers.message.verdict import error_text
 from consumers.push.lease import LeaseTooShort
 from consumers.retention.cleaner import clean_periodically
 from consumers.retention.retry_horizon import check_retention, retention_need
+from consumers.runtime.replication import ReplicationRefused
 from consumers.runtime.watchdog import Watchdog
 from consumers.runtime.worker import Worker
 from consumers.settings import Settings
@@ -108,6 +109,14 @@ async def run_process(target: str, settings: Settings) -> int:
                     "start_failed",
                     error="lease_too_short",
                     detail=str(short),
+                    exit_code=EXIT_CONFIG,
+                )
+                return EXIT_CONFIG
+            if isinstance(refused := starting.exception(), ReplicationRefused):
+                log.error(
+                    "start_failed",
+                    error="commits_not_replicated",
+                    detail=str(refused),
                     exit_code=EXIT_CONFIG,
                 )
                 return EXIT_CONFIG

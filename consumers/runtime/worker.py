@@ -46,6 +46,7 @@ from consumers.publishing.relay import Relay
 from consumers.push.circuit import Circuits, CircuitState, CircuitView
 from consumers.push.lease import check_lease
 from consumers.push.runner import PushRunner
+from consumers.runtime.replication import check_replication
 from consumers.settings import Settings
 from consumers.telemetry.health import CHECK_TIMEOUT_SECONDS, Status
 from consumers.telemetry.metrics import Metrics
@@ -109,6 +110,7 @@ class Worker:
         )
         async with self.pool.acquire() as conn:
             await check_schema(conn, db.schema)
+            await check_replication(conn, db, self.metrics)  # said at start, or refused
         await self._check_topology()  # before any queue is declared
         self._connection = await connect(amqp.urls, name=f"idempotent-workers {self.worker_id}")
         confirm_channel = await self._connection.channel(publisher_confirms=True)

@@ -166,6 +166,12 @@ class Metrics:
             multiprocess_mode="livesum",
             registry=r,
         )
+        self.commits_unreplicated = Gauge(
+            PREFIX + "database_commits_unreplicated",
+            "1 when the primary has standbys and its commits wait for none (read at start).",
+            multiprocess_mode="livemax",
+            registry=r,
+        )
         self.heartbeat = Gauge(
             PREFIX + "heartbeat_timestamp_seconds",
             "Unix time of the event loop's last beat (the stalest live process's).",

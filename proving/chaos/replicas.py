@@ -97,11 +97,16 @@ class StandbyPair:
         await self.primary.start()
         self.standby.init()
         await self.standby.start()
+        await self.wait_streaming(synchronous=True, patience=patience)
+
+    async def wait_streaming(self, *, synchronous: bool, patience: float = 60.0) -> None:
+        """Until the primary has its standby streaming (as the synchronous one, if asked)."""
+        state = "sync" if synchronous else "async"
         await self._until(
-            "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+            f"SELECT count(*) FROM pg_stat_replication WHERE sync_state = '{state}'",
             lambda n: n == 1,
             patience,
-            "the standby streaming as the synchronous one",
+            f"the standby streaming as the {state} one",
         )
 
     async def wait_commits_waiting(
