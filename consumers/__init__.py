@@ -44,6 +44,7 @@ from consumers.publishing.publisher import (
 from consumers.publishing.relay import Relay
 from consumers.push.circuit import CircuitState, CircuitView
 from consumers.push.job import InvalidPushJob, PushJob, parse_push_job, push_job_body
+from consumers.push.parts import JobPart, publish_push_job, push_job_parts
 from consumers.runtime.worker import Worker
 from consumers.settings import (
     AmqpSettings,
@@ -82,6 +83,7 @@ __all__ = [
     "InvalidPushJob",
     "InvalidTokenHook",
     "Job",
+    "JobPart",
     "MessageHandler",
     "NoFaults",
     "NotConfirmed",
@@ -108,6 +110,8 @@ __all__ = [
     "job_message",
     "load_app",
     "parse_push_job",
+    "publish_push_job",
     "push_job_body",
+    "push_job_parts",
     "tier_queue",
 ]

@@ -25,6 +25,7 @@ from dedupe.ledger import (
 from dedupe.lookup import ClaimRow, KeyRecord, claims, look_up
 from dedupe.messages import (
     INGRESS_HEADER,
+    PART_TARGETS,
     Acceptance,
     Accepted,
     Messages,
@@ -34,6 +35,7 @@ from dedupe.messages import (
     TargetState,
     job_message_id,
     parse_message_id,
+    part_message_ids,
 )
 from dedupe.migrate import available_migrations, check_schema, migrate, quote_ident
 from dedupe.outbox import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure
@@ -52,6 +54,7 @@ __all__ = [
     "LEASE_EXPIRED",
     "NOTIFY_CHANNEL",
     "OUTBOX_COUNT_CAP",
+    "PART_TARGETS",
     "Acceptance",
     "Accepted",
     "Claim",
@@ -100,6 +103,7 @@ __all__ = [
     "look_up",
     "migrate",
     "parse_message_id",
+    "part_message_ids",
     "quote_ident",
     "read_replication",
     "replicated",

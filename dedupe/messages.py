@@ -90,6 +90,19 @@ class MessageView:
     targets: tuple[TargetState, ...]
 
 
+PART_TARGETS = 200  # devices of one part of a send: 200 tokens of 4,096 characters fit 1 MiB
+PART_SEPARATOR = "#"
+
+
+def part_message_ids(parent: str, targets: int) -> list[str]:
+    """The message_ids of a send of `targets` devices: its own if one part holds them,
+    else `parent#0`, `parent#1`, ... one per PART_TARGETS devices, in target order."""
+    parts = max(1, -(-targets // PART_TARGETS))
+    if parts == 1:
+        return [parent]
+    return [f"{parent}{PART_SEPARATOR}{k}" for k in range(parts)]
+
+
 def job_message_id(message: uuid.UUID) -> str:
     """The AMQP message_id (the push worker's dedupe key) of an ingress message's job."""
     return f"{JOB_PREFIX}{message}"

@@ -32,7 +32,8 @@ from typing import Any
 from consumers.settings import MAX_BODY_BYTES
 from providers import Notification, Platform, Priority, Push, Target
 
-MAX_TARGETS = 500
+MAX_TARGETS = 500  # devices of one job (one AMQP message); more: consumers.push.parts
+MAX_AUDIENCE = 100_000  # devices of one send, split into parts (consumers.push.parts)
 MAX_TOKEN_CHARS = 4096
 MAX_TTL_SECONDS = 2**31 - 1
 # A job is one AMQP message: at most what a worker decodes by default. The send
@@ -101,14 +102,17 @@ def push_job_body(
     return job
 
 
-def parse_push_job(body: Mapping[str, Any]) -> PushJob:
-    """Parse and validate a push job body; raise `InvalidPushJob` saying what is wrong."""
+def parse_push_job(body: Mapping[str, Any], *, max_targets: int = MAX_TARGETS) -> PushJob:
+    """Parse and validate a push job body; raise `InvalidPushJob` saying what is wrong.
+
+    `max_targets`: MAX_TARGETS for one job, MAX_AUDIENCE for a send split into parts."""
     raw_targets = body.get("targets")
     if not isinstance(raw_targets, list) or not raw_targets:
         raise InvalidPushJob("targets: a non-empty list is required")
-    if len(raw_targets) > MAX_TARGETS:
-        raise InvalidPushJob(f"targets: at most {MAX_TARGETS}")
+    if len(raw_targets) > max_targets:
+        raise InvalidPushJob(f"targets: at most {max_targets}")
     targets: list[Target] = []
+    seen: set[Target] = set()
     for n, raw in enumerate(raw_targets):
         if not isinstance(raw, dict):
             raise InvalidPushJob(f"targets[{n}]: an object is required")
@@ -122,7 +126,8 @@ def parse_push_job(body: Mapping[str, Any]) -> PushJob:
         if not _TOKEN.fullmatch(token):
             raise InvalidPushJob(f"targets[{n}].token: letters, digits and -._~:")
         target = Target(platform=platform, token=token)
-        if target not in targets:  # one device twice in a job gets one push
+        if target not in seen:  # one device twice in a job gets one push
+            seen.add(target)
             targets.append(target)
     raw_note = body.get("notification", {})
     if not isinstance(raw_note, dict):
