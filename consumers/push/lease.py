@@ -8,7 +8,8 @@ the statement that set it, so it is never later than the real one.
 1. a send starts only while `answer_by()` (the end, less LEASE_MARGIN of the
    lease to record the answer) leaves the provider's `answer_seconds`;
 2. every EXTEND_EVERY of the lease, one statement renews the lease of every
-   job the batch still holds (`SendLedger.extend`); the local end moves to the
+   job the batch still holds (`SendLedger.extend`), from a task of its own, so
+   a slow recording does not hold it back; the local end moves to the
    statement's start plus the lease;
 3. a renewal that fails (an error, no answer within the lease's remainder, or
    a row of ours not renewed: its lease lapsed or another worker took it) loses
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
 import asyncpg
@@ -89,22 +90,32 @@ class Lease:
         """Seconds until the next renewal is due."""
         return max(0.0, self._last + EXTEND_EVERY * self.lease_seconds - time.monotonic())
 
-    async def extend(self, pool: asyncpg.Pool, held: Mapping[DedupeKey, int]) -> None:
-        """Step 2: renew the lease of `held` (rows of each job we lease, unrecorded)."""
-        if self.lost or not held:
+    async def extend(
+        self, pool: asyncpg.Pool, writes: asyncio.Lock, held: Callable[[], Mapping[DedupeKey, int]]
+    ) -> None:
+        """Step 2: renew the lease of `held()` (per job, the rows we lease, unrecorded).
+
+        `writes` is the batch's lock on its ledger writes: what `held()` says is
+        what the ledger holds while it is taken. Waiting for it counts against
+        the lease: a renewal stuck behind a recording the database does not
+        answer fails when the lease ends."""
+        if self.lost:
             return
         started = time.monotonic()
         self._last = started
         try:
-            async with asyncio.timeout(max(0.0, self.ends - started)):
+            async with asyncio.timeout(max(0.0, self.ends - started)), writes:
+                rows = held()
+                if not rows:
+                    return
                 async with pool.acquire() as conn, dropped_if_demoted(conn):
                     expiry, renewed = await self.ledger.extend(
-                        conn, list(held), self.expires_at, self.lease_seconds
+                        conn, list(rows), self.expires_at, self.lease_seconds
                     )
         except Exception as exc:  # step 3: any failure ends the lease here
             self._lose(f"{type(exc).__name__}: {exc}")
             return
-        short = {key: n for key, n in held.items() if renewed.get(key, 0) < n}
+        short = {key: n for key, n in rows.items() if renewed.get(key, 0) < n}
         if short:
             self._lose(f"{len(short)} jobs' rows not renewed (lapsed or taken over)")
             return
@@ -112,6 +123,14 @@ class Lease:
         self.ends = started + self.lease_seconds
         self.renewed.set()
         self.renewed.clear()
+
+    async def keep(
+        self, pool: asyncpg.Pool, writes: asyncio.Lock, held: Callable[[], Mapping[DedupeKey, int]]
+    ) -> None:
+        """Renew when due until lost (or cancelled: the batch holds nothing more)."""
+        while not self.lost:
+            await asyncio.sleep(self.due_in())
+            await self.extend(pool, writes, held)
 
     def _lose(self, why: str) -> None:
         self.lost = True

@@ -1,14 +1,14 @@
 """Steps 2 and 3 of a push batch: send its jobs' targets chunk by chunk, record the answers.
 
-One loop per batch does every database write of the batch after its claim,
-one at a time, so what it believes it holds is what the ledger says:
+One loop per batch does the database writes of the batch after its claim,
+one at a time (`_writes`), so what it believes it holds is what the ledger says:
 
 - it records the answers as they come (one transaction for every answer that
   arrived within RECORD_WINDOW_SECONDS of the first one not yet recorded, or
   while the previous transaction ran): a crash then re-sends only what was in
   flight or not yet recorded;
-- it renews the batch's lease when due (`consumers.push.lease`), for every job
-  with rows leased and unrecorded;
+- a task of its own renews the batch's lease when due (`consumers.push.lease`),
+  for every job with rows leased and unrecorded, between two of those writes;
 - when fewer than half a chunk of a job is leased and unanswered, it leases the
   next CHUNK_TARGETS of its targets, at the expiry the others hold: what is
   leased and not started stays about one chunk per job, whatever its size;
@@ -169,28 +169,32 @@ class Fanout:
         self._everything = asyncio.Event()
         self._outstanding = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._writes = asyncio.Lock()  # the batch's ledger writes, one at a time
 
     async def run(self, jobs: list[JobProgress], sends: list[Send], settled: set[Item]) -> None:
         progress = {p.item: p for p in jobs}
+
+        def held() -> dict[DedupeKey, int]:
+            return {
+                p.item.envelope.key: p.held
+                for p in progress.values()
+                if p.held and p.item.envelope is not None
+            }
+
+        keeping = asyncio.create_task(self.lease.keep(self.pool, self._writes, held))
         try:
             self._start(progress, sends)
             while progress:
                 await self._wait()
-                if self.lease.due_in() == 0:
-                    held = {
-                        p.item.envelope.key: p.held
-                        for p in progress.values()
-                        if p.held and p.item.envelope is not None
-                    }
-                    await self.lease.extend(self.pool, held)
                 group, self._arrived = self._arrived, []
-                recorded = await self.steps.record(group) if group else True
-                for answer in group:
-                    p = progress[answer.send.item]
-                    p.held -= 1
-                    p.answers.append(answer)
-                    p.unrecorded = p.unrecorded or not recorded
-                await self._refill(progress)
+                async with self._writes:  # what held() says stays what the ledger holds
+                    recorded = await self.steps.record(group) if group else True
+                    for answer in group:
+                        p = progress[answer.send.item]
+                        p.held -= 1
+                        p.answers.append(answer)
+                        p.unrecorded = p.unrecorded or not recorded
+                    await self._refill(progress)
                 # Nothing leased and unrecorded: its chunks are done, or none is left to lease.
                 done = [p for p in progress.values() if p.held == 0]
                 for p in done:
@@ -201,15 +205,16 @@ class Fanout:
         finally:
             # Never cancel a send on the wire; an error above waits for them.
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            keeping.cancel()
+            await asyncio.gather(keeping, return_exceptions=True)
 
     def _more(self, p: JobProgress) -> bool:
         """Targets left to lease that this batch may still lease."""
         return p.takeable > 0 and not self.lease.lost and not p.unrecorded
 
     async def _wait(self) -> None:
-        """Until an answer came (and the others of its moment) or the renewal is due."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._new_answer.wait(), self.lease.due_in())
+        """Until an answer came (and the others of its moment)."""
+        await self._new_answer.wait()
         if self._arrived:
             # Answers of one batch come close together: give the rest a
             # moment, so a batch usually takes one recording transaction
