@@ -9,7 +9,7 @@
 
 The suite runs a CI-sized send; the issue's size is a command:
 
-    IW_CRASH_DEVICES=10000 .venv/bin/pytest tests/test_push_takeover.py -q -s -k SIGKILL
+    IW_CRASH_DEVICES=10000 .venv/bin/pytest tests/test_push_takeover.py -q -s -k sigkilled
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ async def _sent(db: DbConnection) -> set[str]:
     return {r["token"] for r in rows}
 
 
-async def test_a_send_whose_worker_is_sigkilled_is_finished_by_another_each_device_once_beyond_the_crash_window(
+async def test_a_send_whose_worker_is_sigkilled_is_finished_by_another_once_beyond_the_window(
     db: DbConnection,
     queue_name: str,
     publisher: Publisher,

@@ -111,7 +111,8 @@ async def _send(
     if len(posts) != devices:
         raise SystemExit(f"fanout: {len(posts)} devices got a POST, not {devices}")
     return (
-        f"fanout_bench: devices={devices} parts={parts} first_device_s={first:.1f} last_device_s={last:.1f}"
+        f"fanout_bench: devices={devices} parts={parts} first_device_s={first:.1f}"
+        f" last_device_s={last:.1f}"
         f" devices_per_s={devices / last:.0f} worker_peak_rss_mb={_peak_mb(pid):.0f}"
         f" sent_twice={twice}"
     )
