@@ -15,6 +15,7 @@ import pytest
 from consumers import Settings
 from proving.bench import bench
 from proving.bench.options import (
+    ALL_VARIANTS,
     DEFAULT_VARIANTS,
     LONG_MESSAGES,
     MESSAGES,
@@ -30,11 +31,14 @@ async def test_every_variant_consumes_everything_once(
     settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
     options = parse(
-        ["--messages", "60", "--repeats", "1", "--paced-seconds", "1", "--prefill", "2000"]
+        [
+            *("--variants", ",".join(ALL_VARIANTS), "--messages", "60", "--repeats", "1"),
+            *("--paced-seconds", "1", "--prefill", "2000"),
+        ]
     )
     assert await bench(options, settings) == 0
     out = capsys.readouterr().out
-    for variant in DEFAULT_VARIANTS:
+    for variant in ALL_VARIANTS:
         assert f" {variant} " in out, out
     assert "EFFECTS WRONG" not in out, out
     assert "bench: ceiling=" in out and "framework/faststream=" in out, out
@@ -72,11 +76,13 @@ async def test_bare_is_timed_from_outside_and_set_beside_the_framework(
     assert float(ratio) > 0, summary
 
 
-def test_the_default_runs_the_slow_ones_on_fewer_messages_and_long_on_all() -> None:
+def test_the_default_runs_the_slow_ones_on_fewer_messages_and_long_all_on_all() -> None:
     default, long_form, small = parse([]), parse(["--long"]), parse(["--messages", "60"])
     assert (default.messages, default.slow_messages) == (MESSAGES, SLOW_MESSAGES)
-    assert SLOW_MESSAGES < MESSAGES and set(SLOW_VARIANTS) <= set(DEFAULT_VARIANTS)
+    assert SLOW_MESSAGES < MESSAGES and set(SLOW_VARIANTS) <= set(ALL_VARIANTS)
+    assert set(DEFAULT_VARIANTS) < set(ALL_VARIANTS) and "bare" in default.variants
     assert (long_form.messages, long_form.slow_messages) == (LONG_MESSAGES, LONG_MESSAGES)
+    assert long_form.variants == ALL_VARIANTS
     assert (small.messages, small.slow_messages) == (60, 60)
     assert parse(["--slow-messages", "30"]).slow_messages == 30
 

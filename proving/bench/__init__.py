@@ -93,7 +93,7 @@ def _counts(options: BenchOptions) -> str:
             " their rate, and so their ratios, is what matters, not their backlog"
         )
     if not options.long:
-        line += f" (--long: {LONG_MESSAGES:,} for every variant)"
+        line += f" (--long: every variant, {LONG_MESSAGES:,} messages each)"
     return line
 
 
