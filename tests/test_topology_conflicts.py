@@ -33,11 +33,14 @@ from tests.support import WorkerProcess
 TIER = FAST_RETRY.tiers_seconds[0]
 
 
-def pika_declare(queue: str, arguments: Mapping[str, Any] | None = None) -> None:
+def pika_declare(
+    queue: str, arguments: Mapping[str, Any] | None = None, *, durable: bool = True
+) -> None:
     """`queue_declare(q, durable=True)`, as a publisher following pika's tutorial does."""
     connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
     try:
-        connection.channel().queue_declare(queue, durable=True, arguments=dict(arguments or {}))
+        channel = connection.channel()
+        channel.queue_declare(queue, durable=durable, arguments=dict(arguments or {}))
     finally:
         connection.close()
 
@@ -86,6 +89,24 @@ async def test_a_classic_work_queue_refuses_the_start_with_78_and_nothing_declar
     # included (a queue without x-queue-type is classic); it does not compare a
     # classic queue's x-delivery-limit.
     assert line["existing"] == {
+        "x-dead-letter-exchange": None,
+        "x-dead-letter-routing-key": None,
+        "x-queue-type": None,
+    }
+    assert await existing(every_queue(queue_name)) == [queue_name]
+
+
+async def test_a_transient_work_queue_is_told_apart_by_its_durability_too(
+    db: DbConnection, queue_name: str, spawn: Spawn
+) -> None:
+    """pika's first tutorial declares `queue_declare(queue=q)`: not durable, classic."""
+    await asyncio.to_thread(pika_declare, queue_name, durable=False)
+    worker = spawn()
+    await worker.expect_exit(EXIT_CONFIG, timeout=60)
+    line = refused_start(worker)
+    assert line["queue"] == queue_name and line["declared"]["durable"] is True
+    assert line["existing"] == {
+        "durable": False,
         "x-dead-letter-exchange": None,
         "x-dead-letter-routing-key": None,
         "x-queue-type": None,
