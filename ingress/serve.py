@@ -1,4 +1,4 @@
-"""`idempotent-workers serve` and `idempotent-workers api-key create --tenant T`.
+"""`idempotent-workers serve`, and `api-key` (`ingress.key_commands`).
 
 The CLI loads this module by name, so the framework never imports ingress.
 """
@@ -16,18 +16,19 @@ from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-import asyncpg
 import structlog
 import uvicorn
 from fastapi import FastAPI
 
 from consumers import Settings
-from dedupe import check_schema
 from ingress.api import create_app
-from ingress.keys import ApiKeys
+from ingress.key_commands import api_key_main
+from ingress.protocol import HeadLimits, guarded
 from ingress.settings import IngressSettings
 
 log = structlog.get_logger(__name__)
+
+__all__ = ["api_key_main", "run", "serve", "serve_main", "serve_settings", "server_config"]
 
 
 def serve_main(argv: Sequence[str], settings: Settings) -> int:
@@ -71,15 +72,7 @@ async def serve(ingress: IngressSettings, app: FastAPI) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((ingress.host, ingress.port))
     host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(
-        app,
-        http="httptools",
-        access_log=False,
-        log_config=None,
-        timeout_graceful_shutdown=10,
-        backlog=2048,
-    )
-    server = _Server(config)
+    server = _Server(server_config(app, ingress))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop_soon)
@@ -88,6 +81,22 @@ async def serve(ingress: IngressSettings, app: FastAPI) -> int:
     log.info("ingress_listening", host=host, port=port, queue=ingress.queue)
     await server.serve(sockets=[sock])
     return 0
+
+
+def server_config(app: FastAPI, ingress: IngressSettings) -> uvicorn.Config:
+    """uvicorn on httptools, with the head limits uvicorn lacks (`ingress.protocol`)."""
+    limits = HeadLimits(
+        max_header_bytes=ingress.max_header_bytes,
+        header_timeout_seconds=ingress.header_timeout_seconds,
+    )
+    return uvicorn.Config(
+        app,
+        http=guarded(limits),
+        access_log=False,
+        log_config=None,
+        timeout_graceful_shutdown=10,
+        backlog=2048,
+    )
 
 
 class _Server(uvicorn.Server):
@@ -112,23 +121,3 @@ class _Server(uvicorn.Server):
         # longer walks it. Measured in-process: one full collection of the
         # started app's 74,000 objects stalled every request for 28 ms.
         gc.freeze()
-
-
-def api_key_main(argv: Sequence[str], settings: Settings) -> int:
-    parser = argparse.ArgumentParser(prog="idempotent-workers api-key")
-    sub = parser.add_subparsers(dest="action", required=True)
-    create = sub.add_parser("create", help="make a key for a tenant; it is printed once")
-    create.add_argument("--tenant", required=True)
-    args = parser.parse_args(argv)
-    key = asyncio.run(_create_key(settings, args.tenant))
-    print(key)
-    return 0
-
-
-async def _create_key(settings: Settings, tenant: str) -> str:
-    conn = await asyncpg.connect(settings.database.url)
-    try:
-        await check_schema(conn, settings.database.schema)
-        return await ApiKeys(settings.database.schema).create(conn, tenant)
-    finally:
-        await conn.close()

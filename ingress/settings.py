@@ -18,8 +18,11 @@ class IngressSettings:
     max_batch: int = 256  # requests in one commit at most
     lanes: int = 2  # commits in flight at once (each a pooled connection)
     key_cache_seconds: float = 30.0  # how long a known API key skips the database
+    bad_key_seconds: float = 5.0  # how long a key not found is refused without asking again
     # A larger body is 413 before it is read: the push worker's limit (IW_MAX_BODY_BYTES)
     max_body_bytes: int = MAX_JOB_BYTES
+    max_header_bytes: int = 32_768  # a longer head (request line and headers) is 431
+    header_timeout_seconds: float = 10.0  # a head not whole by then is 408 (ingress.protocol)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> IngressSettings:
@@ -31,4 +34,8 @@ class IngressSettings:
             max_batch=int(env.get("IW_INGRESS_MAX_BATCH", "256")),
             lanes=int(env.get("IW_INGRESS_LANES", "2")),
             max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", str(MAX_JOB_BYTES))),
+            key_cache_seconds=float(env.get("IW_INGRESS_KEY_CACHE_SECONDS", "30")),
+            bad_key_seconds=float(env.get("IW_INGRESS_BAD_KEY_SECONDS", "5")),
+            max_header_bytes=int(env.get("IW_INGRESS_MAX_HEADER_BYTES", "32768")),
+            header_timeout_seconds=float(env.get("IW_INGRESS_HEADER_TIMEOUT", "10")),
         )

@@ -14,6 +14,7 @@ from consumers import DatabaseSettings
 from dedupe import DbConnection
 from ingress.api import create_app
 from ingress.keys import ApiKeys
+from ingress.serve import server_config
 from ingress.settings import IngressSettings
 from proving.deadlines import ANSWER_S, within
 
@@ -37,9 +38,7 @@ async def serve_in_process(
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(app, http="httptools", access_log=False, log_config=None, lifespan="on")
-    )
+    server = uvicorn.Server(server_config(app, settings))  # serve's own configuration
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:

@@ -1,0 +1,129 @@
+"""uvicorn's httptools protocol with the two limits uvicorn lacks: header bytes and header time.
+
+What uvicorn 0.54 does with a request's head (read in its source,
+`uvicorn/protocols/http/httptools_impl.py`):
+- no limit on its size: httptools gathers a header line of any length
+  (a 32 MB line was accepted and held in memory); only the h11 protocol has
+  one (`h11_max_incomplete_event_size`), and h11 is the slower parser;
+- no deadline for it: `timeout_keep_alive` is armed only after a response
+  and is cancelled by any byte that arrives, so a client sending one byte
+  every few seconds holds a connection forever.
+
+`GuardedHttpTools` keeps httptools and adds both: past `max_header_bytes`
+before the head is complete, 431 and the connection closed; a head not
+complete `header_timeout_seconds` after the connection opened (or after the
+last response on it), 408 and closed. Nothing changes once a head is
+complete: the body's limit is the send route's (`ingress.body`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeadLimits:
+    max_header_bytes: int = 32_768  # the request line and every header, together
+    header_timeout_seconds: float = 10.0  # from the connection (or last answer) to a whole head
+
+
+def _answer(status: bytes) -> bytes:
+    return b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+LINGER_SECONDS = 2.0  # how long a refused client may still send before the close
+TOO_LARGE = _answer(b"431 Request Header Fields Too Large")
+TOO_SLOW = _answer(b"408 Request Timeout")
+
+
+def guarded(limits: HeadLimits) -> type[asyncio.Protocol]:
+    """The protocol class to give uvicorn (`Config(http=...)`), with `limits`."""
+
+    class _Guarded(GuardedHttpTools):
+        head_limits = limits
+
+    return _Guarded
+
+
+class GuardedHttpTools(HttpToolsProtocol):
+    head_limits = HeadLimits()
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, object],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._in_head = True
+        self._head_bytes = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # read and dropped until the client has our answer and goes
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if (
+            self._in_head
+            and self._head_bytes > self.head_limits.max_header_bytes
+            and not self.transport.is_closing()
+        ):
+            self._refuse(TOO_LARGE)
+
+    def on_headers_complete(self) -> None:
+        self._in_head, self._head_bytes = False, 0
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head, self._head_bytes = True, 0  # what comes next is the next head
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(
+            self.head_limits.header_timeout_seconds, self._too_slow
+        )
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _too_slow(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self.transport.is_closing():
+            self._refuse(TOO_SLOW if self._head_bytes else b"")
+
+    def _refuse(self, answer: bytes) -> None:
+        """Answer, then close gently: a close with the client's bytes unread would reset the
+        connection, and a reset can destroy the answer before the client reads it."""
+        self._disarm()
+        self._refused = True
+        if answer:
+            self.transport.write(answer)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._head_timer = self.loop.call_later(LINGER_SECONDS, self.transport.close)

@@ -1,0 +1,199 @@
+"""Limits before reading, as bytes on the wire: the body's at the push worker's limit, the head's
+at the server. Raw sockets, so nothing between the test and the server fixes a request up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import uvicorn
+
+from consumers import Settings
+from dedupe import DbConnection
+from ingress.api import create_app
+from ingress.settings import IngressSettings
+from tests.ingress_support import Served, serve_in_process
+
+LIMITS = IngressSettings(queue="t.limits", max_header_bytes=8192, header_timeout_seconds=1.0)
+ANSWER_S = 10.0  # a refusal that reads nothing comes at once; this bounds a busy machine
+
+
+def job_of_size(size: int, key: str = "k-1") -> bytes:
+    """A valid push job of exactly `size` bytes of JSON (its title pads it)."""
+    body: dict[str, object] = {
+        "targets": [{"platform": "ios", "token": "ios-token-1"}],
+        "idempotency_key": key,
+    }
+    bare = len(json.dumps({**body, "notification": {"title": ""}}, separators=(",", ":")))
+    body["notification"] = {"title": "x" * (size - bare)}
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    assert len(raw) == size
+    return raw
+
+
+@pytest.fixture
+async def served(db: DbConnection, settings: Settings) -> AsyncIterator[Served]:
+    async with serve_in_process(db, settings.database, LIMITS) as s:
+        yield s
+
+
+async def connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    parts = urlsplit(url)
+    assert parts.hostname is not None and parts.port is not None
+    return await asyncio.open_connection(parts.hostname, parts.port)
+
+
+async def answer_of(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """The status and the rest of what the server sent until it closed the connection."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), ANSWER_S)
+    rest = await asyncio.wait_for(reader.read(), ANSWER_S)  # b"" only once the server closed
+    return int(head[9:12]), head + rest
+
+
+def post_head(served: Served, extra: str) -> bytes:
+    return (
+        f"POST /v1/messages HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {served.key}\r\n"
+        f"Content-Type: application/json\r\n{extra}\r\n"
+    ).encode()
+
+
+async def test_a_content_length_past_the_limit_is_413_before_a_byte_of_the_body_is_sent(
+    served: Served, db: DbConnection
+) -> None:
+    reader, writer = await connect(served.url)
+    writer.write(post_head(served, "Content-Length: 100000000\r\n"))  # 100 MB announced, 0 sent
+    await writer.drain()
+    status, answer = await answer_of(reader)
+    writer.close()
+    assert status == 413, answer
+    assert b"connection: close" in answer.lower()
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["max_bytes"] == LIMITS.max_body_bytes
+    assert await db.fetchval("SELECT count(*) FROM outbox") == 0
+
+
+async def test_a_chunked_body_is_refused_once_it_passes_the_limit(
+    served: Served, db: DbConnection
+) -> None:
+    sent = 0
+
+    async def pieces() -> AsyncIterator[bytes]:
+        nonlocal sent
+        raw = job_of_size(2 * LIMITS.max_body_bytes)
+        for start in range(0, len(raw), 65536):
+            sent += 65536
+            yield raw[start : start + 65536]
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        answer = await http.post(
+            f"{served.url}/v1/messages",
+            content=pieces(),  # no length: httpx sends it chunked
+            headers={"Authorization": f"Bearer {served.key}"},
+        )
+    assert answer.status_code == 413, answer.text
+    assert answer.json()["error"] == "body_too_large"
+    assert await db.fetchval("SELECT count(*) FROM outbox") == 0
+
+
+async def test_a_body_at_the_limit_is_queued_and_one_byte_more_is_413(
+    db: DbConnection, settings: Settings
+) -> None:
+    small = replace(LIMITS, max_body_bytes=4096)
+    async with (
+        serve_in_process(db, settings.database, small) as served,
+        httpx.AsyncClient(base_url=served.url, timeout=30) as http,
+    ):
+        auth = {"Authorization": f"Bearer {served.key}", "Content-Type": "application/json"}
+        at = await http.post("/v1/messages", content=job_of_size(4096, "at"), headers=auth)
+        past = await http.post("/v1/messages", content=job_of_size(4097, "past"), headers=auth)
+    assert at.status_code == 202, at.text
+    assert past.status_code == 413, past.text
+    assert await db.fetchval("SELECT count(*) FROM outbox") == 1
+
+
+def test_the_doors_body_limit_is_the_workers_and_one_variable_moves_both() -> None:
+    assert IngressSettings().max_body_bytes == Settings().worker.max_body_bytes
+    env = {"IW_MAX_BODY_BYTES": "4096"}
+    assert IngressSettings.from_env(env).max_body_bytes == 4096
+    assert Settings.from_env(env).worker.max_body_bytes == 4096
+
+
+async def test_a_head_past_the_header_limit_is_431_and_the_connection_closed(
+    served: Served,
+) -> None:
+    reader, writer = await connect(served.url)
+    writer.write(b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nX-Flood: ")
+    flood = b"a" * 65536
+    for _ in range(16):  # 1 MiB of one header line, never ended
+        if reader.at_eof() or writer.is_closing():
+            break
+        writer.write(flood)
+        try:
+            await writer.drain()
+        except ConnectionError:
+            break  # the server closed it: what it answered is still in our buffer
+    status, answer = await answer_of(reader)
+    writer.close()
+    assert status == 431, answer
+
+
+async def test_a_head_that_trickles_is_408_and_closed_by_the_header_timeout(
+    served: Served,
+) -> None:
+    reader, writer = await connect(served.url)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    head = post_head(served, "X-Slow: ")
+
+    async def trickle() -> None:
+        """One byte every tenth of the timeout: uvicorn alone would wait for ever."""
+        with contextlib.suppress(ConnectionError):
+            for byte in head:
+                writer.write(bytes([byte]))
+                await asyncio.sleep(LIMITS.header_timeout_seconds / 10)
+
+    sending = asyncio.create_task(trickle())
+    try:
+        status, _ = await answer_of(reader)
+    finally:
+        sending.cancel()
+    took = loop.time() - started
+    writer.close()
+    assert status == 408
+    assert LIMITS.header_timeout_seconds <= took < LIMITS.header_timeout_seconds + ANSWER_S
+
+
+async def test_uvicorn_alone_has_no_head_limit_which_is_why_serve_adds_one(
+    settings: Settings, db: DbConnection
+) -> None:
+    """uvicorn's own httptools protocol reads a 1 MiB header line to the end: no 431.
+
+    If this fails, uvicorn learnt a limit, and `ingress.protocol` may go.
+    """
+    app = create_app(LIMITS, settings.database)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, http="httptools", log_config=None))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            assert not task.done(), "uvicorn did not start"
+            await asyncio.sleep(0.02)
+        reader, writer = await connect(f"http://127.0.0.1:{sock.getsockname()[1]}")
+        writer.write(b"GET /v1/messages/x HTTP/1.1\r\nHost: t\r\nX-Flood: " + b"a" * 2**20)
+        writer.write(b"\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        status, _ = await answer_of(reader)
+        writer.close()
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+    assert status == 401  # the whole head was read and handed to the app
