@@ -33,7 +33,11 @@ def create_app(settings: IngressSettings, database: DatabaseSettings) -> FastAPI
     """The app; its lifespan opens the pool and starts the group committer."""
     running = Running(
         settings=settings,
-        keys=ApiKeys(database.schema, cache_seconds=settings.key_cache_seconds),
+        keys=ApiKeys(
+            database.schema,
+            cache_seconds=settings.key_cache_seconds,
+            bad_key_seconds=settings.bad_key_seconds,
+        ),
         messages=Messages(database.schema),
     )
 
