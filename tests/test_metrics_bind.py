@@ -4,12 +4,13 @@
 a worker's endpoint listens on 127.0.0.1 only; `IW_METRICS_HOST=0.0.0.0`
 opens it to every address (what deploy/ sets, where a scraper or a kubelet
 probe comes from outside the container). The kernel's own table of
-listening sockets says where a real worker process listens.
+listening sockets says where a real worker process listens; the tests never
+connect to an address other than loopback (this workplace sends traffic to
+nothing else).
 """
 
 from __future__ import annotations
 
-import itertools
 import socket
 from pathlib import Path
 
@@ -31,25 +32,6 @@ def listening_on(port: int) -> set[str]:
     return found
 
 
-def outside_addresses() -> list[str]:
-    """This machine's own IPv4 addresses that are not loopback (the kernel's local routes)."""
-    lines = Path("/proc/net/fib_trie").read_text().splitlines()
-    local = {
-        before.split()[-1]
-        for before, line in itertools.pairwise(lines)
-        if line.strip() == "/32 host LOCAL"
-    }
-    return sorted(a for a in local if not a.startswith("127."))
-
-
-def connects(address: str, port: int) -> bool:
-    try:
-        with socket.create_connection((address, port), timeout=5):
-            return True
-    except OSError:
-        return False
-
-
 async def test_the_metrics_endpoint_listens_on_loopback_only_by_default(
     db: DbConnection, spawn: Spawn
 ) -> None:
@@ -59,8 +41,6 @@ async def test_the_metrics_endpoint_listens_on_loopback_only_by_default(
     assert listening_on(port) == {"127.0.0.1"}
     status, _ = await http_get(f"{base}/healthz")
     assert status == 200
-    for address in outside_addresses():  # 192.0.2.2 on the machine this was written on
-        assert not connects(address, port), address
 
 
 async def test_metrics_host_0_0_0_0_listens_on_every_address(
@@ -70,5 +50,3 @@ async def test_metrics_host_0_0_0_0_listens_on_every_address(
     base = await worker.endpoint()
     port = int(base.rsplit(":", 1)[1])
     assert listening_on(port) == {"0.0.0.0"}
-    for address in outside_addresses():
-        assert connects(address, port), address
