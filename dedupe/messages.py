@@ -64,6 +64,9 @@ class NewMessage:
     queue: str
     targets: int
     job: bytes  # the push job as published: JSON, the key field left out
+    # A send of more than PART_TARGETS devices: its parts' bodies, in order, published
+    # as `<job id>#0`, `#1`, ... (`part_message_ids`) instead of `job`.
+    parts: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,9 +90,13 @@ class MessageView:
     status: MessageStatus
     created_at: datetime
     updated_at: datetime
-    targets: tuple[TargetState, ...]
+    targets: tuple[TargetState, ...]  # every device's, up to LISTED_TARGETS; else none
+    sent: int = 0  # devices of every part, by their ledger rows
+    failed: int = 0
+    pending: int = 0  # neither yet: not claimed, claimed, or sending
 
 
+LISTED_TARGETS = 1_000  # a message's view lists its devices one by one up to this many
 PART_TARGETS = 200  # devices of one part of a send: 200 tokens of 4,096 characters fit 1 MiB
 PART_SEPARATOR = "#"
 
@@ -128,8 +135,8 @@ class Messages:
         # id if won, else the stored fingerprint and id (NULL if the snapshot missed them).
         self._accept_sql = (
             "WITH input AS MATERIALIZED (SELECT *, gen_random_uuid() AS id FROM unnest("
-            "$1::text[], $2::text[], $3::bytea[], $4::text[], $5::int[], $6::bytea[])"
-            " WITH ORDINALITY AS x(tenant, idempotency_key, fingerprint, queue, targets, job, n)),"
+            "$1::text[], $2::text[], $3::bytea[], $4::text[], $5::int[])"
+            " WITH ORDINALITY AS x(tenant, idempotency_key, fingerprint, queue, targets, n)),"
             f" won AS (INSERT INTO {self._keys} (tenant, idempotency_key, fingerprint, message_id)"
             "  SELECT tenant, idempotency_key, fingerprint, id FROM input ORDER BY n"
             "  ON CONFLICT DO NOTHING RETURNING message_id),"
@@ -137,9 +144,11 @@ class Messages:
             "  SELECT i.id, i.tenant, i.queue, i.targets, 'queued' FROM input i"
             "  JOIN won w ON w.message_id = i.id),"
             f" job AS (INSERT INTO {q}.outbox (queue, tenant, message_id, headers, body)"
-            f"  SELECT i.queue, i.tenant, '{JOB_PREFIX}' || i.id,"
-            f"   jsonb_build_object('{INGRESS_HEADER}', i.id::text), i.job"
-            "  FROM input i JOIN won w ON w.message_id = i.id)"
+            f"  SELECT i.queue, i.tenant, '{JOB_PREFIX}' || i.id || p.suffix,"
+            f"   jsonb_build_object('{INGRESS_HEADER}', i.id::text), p.body"
+            "  FROM input i JOIN won w ON w.message_id = i.id"
+            "  JOIN unnest($6::bigint[], $7::text[], $8::bytea[]) AS p(n, suffix, body)"
+            "  ON p.n = i.n)"
             " SELECT w.message_id IS NOT NULL, k.fingerprint, coalesce(w.message_id, k.message_id)"
             " FROM input i LEFT JOIN won w ON w.message_id = i.id"
             f" LEFT JOIN LATERAL ({self._key_lookup('i.tenant', 'i.idempotency_key')}"
@@ -182,6 +191,9 @@ class Messages:
         won: set[tuple[str, str]] = set()
         wanted = [(k, requests[n]) for k, n in sorted(first.items())]
         for _ in range(_VANISHED_TRIES):
+            jobs = [
+                (n, suffix, body) for n, (_, r) in enumerate(wanted, 1) for suffix, body in _jobs(r)
+            ]
             rows = await conn.fetch(
                 self._accept_sql,
                 [k[0] for k, _ in wanted],
@@ -189,7 +201,9 @@ class Messages:
                 [r.fingerprint for _, r in wanted],
                 [r.queue for _, r in wanted],
                 [r.targets for _, r in wanted],
-                [r.job for _, r in wanted],
+                [j[0] for j in jobs],
+                [j[1] for j in jobs],
+                [j[2] for j in jobs],
             )
             unseen = []
             for (key, r), row in zip(wanted, rows, strict=True):
@@ -224,7 +238,8 @@ class Messages:
         return answers
 
     async def find(self, conn: DbConnection, tenant: str, message: uuid.UUID) -> MessageView | None:
-        """The message and its targets' ledger states; None if it is not this tenant's."""
+        """The message, its devices counted (and listed, up to LISTED_TARGETS) across its
+        parts by their ledger states; None if it is not this tenant's."""
         row = await conn.fetchrow(
             f"SELECT queue, targets, status, created_at, updated_at FROM {self._messages}"
             " WHERE id = $1 AND tenant = $2",
@@ -233,31 +248,46 @@ class Messages:
         )
         if row is None:
             return None
-        sends = {
-            r[0]: TargetState(
-                index=r[0],
-                status=r[1],
-                platform=r[2],
-                provider_message_id=r[3],
-                failure_reason=r[4],
-            )
+        ids = part_message_ids(job_message_id(message), row[1])
+        where = f" FROM {self._sends} WHERE consumer = $1 AND tenant = $2 AND message_id = ANY($3)"
+        counts = {
+            r[0]: r[1]
             for r in await conn.fetch(
-                "SELECT target_index, status, platform, provider_message_id, failure_reason"
-                f" FROM {self._sends}"
-                " WHERE consumer = $1 AND tenant = $2 AND message_id = $3 ORDER BY target_index",
-                row[0],
-                tenant,
-                job_message_id(message),
+                f"SELECT status, count(*)::int{where} GROUP BY status", row[0], tenant, ids
             )
         }
+        sent, failed = counts.get("sent", 0), counts.get("failed", 0)
+        listed: tuple[TargetState, ...] = ()
+        if row[1] <= LISTED_TARGETS:
+            part = {part_id: k for k, part_id in enumerate(ids)}
+            sends = {}
+            for r in await conn.fetch(
+                "SELECT message_id, target_index, status, platform, provider_message_id,"
+                f" failure_reason{where}",
+                row[0],
+                tenant,
+                ids,
+            ):
+                index = part[r[0]] * PART_TARGETS + r[1]
+                sends[index] = TargetState(
+                    index=index,
+                    status=r[2],
+                    platform=r[3],
+                    provider_message_id=r[4],
+                    failure_reason=r[5],
+                )
+            listed = tuple(
+                sends.get(n, TargetState(index=n, status="pending")) for n in range(row[1])
+            )
         return MessageView(
             id=message,
             status=MessageStatus(row[2]),
             created_at=row[3],
             updated_at=row[4],
-            targets=tuple(
-                sends.get(n, TargetState(index=n, status="pending")) for n in range(row[1])
-            ),
+            targets=listed,
+            sent=sent,
+            failed=failed,
+            pending=row[1] - sent - failed,
         )
 
     async def cancel(self, tx: DbConnection, tenant: str, message: uuid.UUID) -> Transition:
@@ -296,3 +326,10 @@ class Messages:
             [m for m in wanted if m not in taken],
         )
         return {r[0] for r in rows}
+
+
+def _jobs(message: NewMessage) -> list[tuple[str, bytes]]:
+    """The outbox rows of a message: (the suffix of its job's message_id, the body)."""
+    if not message.parts:
+        return [("", message.job)]
+    return [(f"{PART_SEPARATOR}{k}", body) for k, body in enumerate(message.parts)]

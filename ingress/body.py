@@ -26,7 +26,7 @@ import orjson
 from fastapi import Request
 from pydantic import ValidationError
 
-from consumers.push.job import InvalidPushJob, parse_push_job
+from consumers.push.job import MAX_AUDIENCE, InvalidPushJob, parse_push_job
 from ingress.models import SendRequest
 from ingress.refusals import Refusal, field_name, invalid
 
@@ -93,7 +93,7 @@ def validated(body: dict[str, Any]) -> SendRequest:
             *((field_name(("body", *e["loc"])), e["msg"]) for e in exc.errors())
         ) from None
     try:
-        parse_push_job(body)
+        parse_push_job(body, max_targets=MAX_AUDIENCE)  # more than a job holds: parts
     except InvalidPushJob as exc:
         where, _, message = str(exc).partition(": ")
         raise invalid((re.sub(r"\[(\d+)\]", r".\1", where), message)) from None

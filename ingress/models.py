@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from consumers.push.job import (
     HEADER_TEXT_PATTERN,
-    MAX_TARGETS,
+    MAX_AUDIENCE,
     MAX_TOKEN_CHARS,
     MAX_TTL_SECONDS,
     TOKEN_PATTERN,
@@ -45,7 +45,8 @@ class SendRequest(BaseModel):
     """A push job (the push worker's format) and, unless given as a header, its key."""
 
     model_config = _STRICT
-    targets: Annotated[list[TargetIn], Field(min_length=1, max_length=MAX_TARGETS)]
+    # More than one job holds: sent as parts (consumers.push.parts), counted together.
+    targets: Annotated[list[TargetIn], Field(min_length=1, max_length=MAX_AUDIENCE)]
     notification: NotificationIn = Field(default_factory=NotificationIn)
     priority: Literal["high", "normal"] | None = None
     ttl_seconds: Annotated[int, Field(ge=0, le=MAX_TTL_SECONDS)] | None = None
@@ -96,12 +97,21 @@ class TargetOut(BaseModel):
     failure_reason: str | None = None
 
 
+class DevicesOut(BaseModel):
+    """The send's devices by their ledger rows, every part counted."""
+
+    sent: int
+    failed: int
+    pending: int
+
+
 class MessageOut(BaseModel):
     id: str
     status: Literal["queued", "taken", "cancelled"]
     created_at: str
     updated_at: str
-    targets: list[TargetOut]
+    devices: DevicesOut
+    targets: list[TargetOut]  # one by one up to 1,000 devices; more: only `devices`
 
 
 class Cancelled(BaseModel):

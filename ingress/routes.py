@@ -23,6 +23,7 @@ import orjson
 import structlog
 from fastapi import APIRouter, Request, Response
 
+from consumers.push.parts import push_job_parts
 from dedupe import Acceptance, MessageStatus, NewMessage, fingerprint, parse_message_id
 from ingress.body import decode_body, read_body, too_large, validated
 from ingress.idempotency import one_key
@@ -52,12 +53,14 @@ async def send(request: Request) -> Response:
     wanted = SendHeaders.read(request)
     tenant = await tenant_for(request, wanted.authorization)
     limit = running.settings.max_body_bytes
-    body = decode_body(wanted.content_type, await read_body(request, limit))
+    read = await read_body(request, running.settings.max_request_bytes)
+    body = decode_body(wanted.content_type, read)
     job = validated(body)
     key = one_key(job.idempotency_key, wanted.idempotency_key)
     body.pop("idempotency_key", None)
-    stored = orjson.dumps(body)
-    if len(stored) > limit:  # never larger than the body read, but this is the worker's limit
+    # More devices than one job holds: the parts the worker gets, each under its limit.
+    stored = [orjson.dumps(part.body) for part in push_job_parts("", body)]
+    if max(len(part) for part in stored) > limit:
         raise too_large(limit)
     assert running.committer is not None
     answer = await running.committer.submit(
@@ -68,7 +71,8 @@ async def send(request: Request) -> Response:
             fingerprint=fingerprint(body, plain=True),
             queue=running.settings.queue,
             targets=len({(t.platform, t.token) for t in job.targets}),  # repeats fold
-            job=stored,
+            job=stored[0],
+            parts=tuple(stored) if len(stored) > 1 else (),
         )
     )
     if answer.outcome is Acceptance.KEY_REUSED:
@@ -103,6 +107,7 @@ async def read(request: Request, message_id: str, tenant: Tenant) -> Response:
             "status": str(view.status),
             "created_at": view.created_at.isoformat(),
             "updated_at": view.updated_at.isoformat(),
+            "devices": {"sent": view.sent, "failed": view.failed, "pending": view.pending},
             "targets": [
                 {
                     "index": t.index,

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from consumers.push.job import MAX_JOB_BYTES
 
 DEFAULT_PUSH_QUEUE = "notifications.push"
+# 100,000 devices of 160-character tokens (FCM's) in JSON are about 20 MiB.
+MAX_REQUEST_BYTES = 64 * 1_048_576
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -19,8 +21,10 @@ class IngressSettings:
     lanes: int = 2  # commits in flight at once (each a pooled connection)
     key_cache_seconds: float = 30.0  # how long a known API key skips the database
     bad_key_seconds: float = 5.0  # how long a key not found is refused without asking again
-    # A larger body is 413 before it is read: the push worker's limit (IW_MAX_BODY_BYTES)
+    # A larger job is 413: the push worker's limit (IW_MAX_BODY_BYTES), each part's
     max_body_bytes: int = MAX_JOB_BYTES
+    # A larger request is 413 before it is read: room for a send to MAX_AUDIENCE devices
+    max_request_bytes: int = MAX_REQUEST_BYTES
     max_header_bytes: int = 32_768  # a longer head (request line and headers) is 431
     header_timeout_seconds: float = 10.0  # a head not whole by then is 408 (ingress.protocol)
 
@@ -34,6 +38,7 @@ class IngressSettings:
             max_batch=int(env.get("IW_INGRESS_MAX_BATCH", "256")),
             lanes=int(env.get("IW_INGRESS_LANES", "2")),
             max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", str(MAX_JOB_BYTES))),
+            max_request_bytes=int(env.get("IW_INGRESS_MAX_REQUEST_BYTES", str(MAX_REQUEST_BYTES))),
             key_cache_seconds=float(env.get("IW_INGRESS_KEY_CACHE_SECONDS", "30")),
             bad_key_seconds=float(env.get("IW_INGRESS_BAD_KEY_SECONDS", "5")),
             max_header_bytes=int(env.get("IW_INGRESS_MAX_HEADER_BYTES", "32768")),

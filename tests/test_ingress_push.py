@@ -123,3 +123,29 @@ async def test_cancel_and_the_workers_take_race_and_exactly_one_wins(
             assert (status, rows[message]) == (200, "cancelled")  # the worker sends nothing
         else:
             assert (status, rows[message]) == (409, "taken")  # the cancel came too late
+
+
+async def test_one_send_to_more_devices_than_a_job_holds_reaches_each_once_and_is_counted(
+    harness: Harness, http: httpx.AsyncClient, fake_apns: FakeApns, fake_fcm: FakeFcm
+) -> None:
+    # 950 devices: over the 500 of one job, so five parts of at most 200 (and under the
+    # 1,000 a view lists one by one).
+    devices = [{"platform": "android", "token": f"many-{n:05d}"} for n in range(950)]
+    body = {**JOB, "targets": devices, "idempotency_key": "k-many"}
+    first, again = [await http.post("/v1/messages", json=body) for _ in range(2)]
+    assert first.status_code == 202 and again.json()["status"] == "duplicate_ignored"
+    message = first.json()["id"]
+    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)), relaying(harness):
+
+        async def counted() -> bool:
+            view = (await http.get(f"/v1/messages/{message}")).json()
+            return bool(view["devices"] == {"sent": 950, "failed": 0, "pending": 0})
+
+        await wait_for(counted, timeout=60)
+    posts = [r.token for r in fake_fcm.requests]
+    assert sorted(posts) == sorted(d["token"] for d in devices)  # each exactly once
+    view = (await http.get(f"/v1/messages/{message}")).json()
+    assert [t["index"] for t in view["targets"]] == list(range(950))
+    assert {t["status"] for t in view["targets"]} == {"sent"}
+    jobs = await harness.db.fetchval("SELECT count(*) FROM outbox")
+    assert jobs == 5
