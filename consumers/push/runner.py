@@ -61,14 +61,10 @@ from consumers.push.answers import (
 )
 from consumers.push.circuit import Circuits
 from consumers.push.claim import Claimed, ClaimStep, new_send
+from consumers.push.gate import ProviderGate
 from consumers.push.job import InvalidPushJob, PushJob, parse_push_job
 from consumers.push.lease import Lease
-from consumers.push.sending import (
-    CHUNK_TARGETS,
-    Fanout,
-    JobProgress,
-    ProviderGate,
-)
+from consumers.push.sending import CHUNK_TARGETS, Fanout, JobProgress
 from consumers.settings import WorkerSettings
 from consumers.telemetry.logs import outcome_lines
 from consumers.telemetry.metrics import ConsumerMetrics

@@ -26,8 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,6 +37,7 @@ from consumers.message.verdict import Verdict
 from consumers.pipeline.deliveries import Item
 from consumers.push.answers import Answered, Send, answered, paused, probe_result
 from consumers.push.circuit import Circuits
+from consumers.push.gate import ProviderGate
 from consumers.push.job import PushJob
 from consumers.push.lease import Lease
 from dedupe import DedupeKey, SendRow, SendStatus
@@ -98,49 +98,6 @@ def sub_provider(provider: Provider, platform: Platform) -> Provider:
     if isinstance(provider, PlatformRouter):
         return provider.provider_for(platform)
     return provider
-
-
-class ProviderGate:
-    """At most `max_in_flight` sends in each provider; the others wait here, first in first out.
-
-    The limit is read at each release (APNs learns its streams from the server), and
-    a release wakes only the waiters it has room for."""
-
-    def __init__(self) -> None:
-        self._busy: dict[int, int] = {}
-        self._waiting: dict[int, deque[asyncio.Future[None]]] = {}
-
-    @contextlib.asynccontextmanager
-    async def slot(self, provider: Provider) -> AsyncIterator[None]:
-        key = id(provider)
-        waiting = self._waiting.setdefault(key, deque())
-        if waiting or self._busy.get(key, 0) >= max(1, provider.max_in_flight):
-            turn = asyncio.get_running_loop().create_future()
-            waiting.append(turn)
-            try:
-                await turn  # the release that wakes it counts it busy
-            except asyncio.CancelledError:
-                if turn.done():  # woken and cancelled at once: hand the slot on
-                    self._release(provider)
-                else:
-                    waiting.remove(turn)
-                raise
-        else:
-            self._busy[key] = self._busy.get(key, 0) + 1
-        try:
-            yield
-        finally:
-            self._release(provider)
-
-    def _release(self, provider: Provider) -> None:
-        key = id(provider)
-        self._busy[key] -= 1
-        waiting = self._waiting[key]
-        while waiting and self._busy[key] < max(1, provider.max_in_flight):
-            turn = waiting.popleft()
-            if not turn.done():
-                self._busy[key] += 1
-                turn.set_result(None)
 
 
 class Fanout:
