@@ -49,8 +49,8 @@ HANG_SECONDS = 120.0
 # markers to tell an expected watchdog exit (70) from one nobody planned.
 HANG_DIR_ENV = "CHAOS_HANG_DIR"
 PROVIDER_TIMEOUT_S = 2.0
-# Sends start only while their timeouts (FCM: connect + read) fit before 90% of
-# the lease: a lease of a few timeouts leaves room for queues under load.
+# Sends start only while the lease, renewed as they go, leaves their answer time
+# (consumers.push.lease): 70% of 15 s covers the 2 s timeout with room under load.
 PUSH_LEASE_S = 15.0
 POISON_MAX_ATTEMPTS = 5
 
