@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Every package the linters read (add a new top-level package here).
 SOURCES := console consumers dedupe ingress providers proving tests
 
-.PHONY: install demo test check ci lint typecheck imports docs deploy-check bench chaos chaos-cluster clean services wheel
+.PHONY: install demo test check ci lint typecheck imports docs deploy-check bench chaos chaos-cluster chaos-pg clean services wheel
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -70,6 +70,12 @@ chaos: install services
 # needs neither shared service.
 chaos-cluster: install
 	$(PY) -m consumers chaos --profile cluster
+
+# A Patroni cluster of 3 PostgreSQL nodes (Debian's patroni and etcd-server),
+# its primary killed under load; then the control without synchronous replication.
+chaos-pg: install services
+	$(PY) -m consumers chaos --profile pg-failover
+	$(PY) -m consumers chaos --profile pg-failover --control async
 
 check: lint typecheck imports test
 

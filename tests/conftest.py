@@ -24,6 +24,7 @@ from consumers import (
 from consumers.broker.topology import delete
 from dedupe import DbConnection, migrate, quote_ident
 from proving.chaos.cluster import LocalCluster
+from proving.chaos.patroni import PatroniCluster, new_workdir
 from proving.chaos.replicas import StandbyPair
 from proving.deadlines import ANSWER_S, within
 from tests.apps.effects import FAST_RETRY
@@ -80,6 +81,13 @@ async def standby_pair() -> AsyncIterator[StandbyPair]:
     os.chmod(workdir, 0o755)  # the servers run as the postgres user
     async with StandbyPair(workdir) as pair:
         yield pair
+
+
+@pytest.fixture
+async def patroni_cluster() -> AsyncIterator[PatroniCluster]:
+    """Three PostgreSQL nodes under Patroni with one etcd, synchronous; killed after."""
+    async with PatroniCluster(new_workdir()) as cluster:
+        yield cluster
 
 
 @pytest.fixture

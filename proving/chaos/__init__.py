@@ -2,6 +2,12 @@
 
     idempotent-workers chaos                  the CI profile (a few minutes)
     idempotent-workers chaos --profile full   100,000 messages, hundreds of faults
+    idempotent-workers chaos --profile pg-failover  a Patroni cluster of 3 PostgreSQL
+                                                    nodes, its primary killed 10 times,
+                                                    switchovers, standby stops
+                                                    (`pg-failover-ci`: 2 kills;
+                                                    `--control async`: the same
+                                                    without synchronous replication)
     idempotent-workers chaos --profile cluster      a 3-node cluster, its queue
                                                     leader killed 12 times, a rolling
                                                     restart (`cluster-ci`: 3 kills)
@@ -22,6 +28,8 @@ from collections.abc import Sequence
 
 from consumers import Settings, configure_logging
 from proving.chaos.failover import ClusterOutcome, cluster_line, run_cluster_chaos
+from proving.chaos.pg_failover import PgOutcome, pg_failover_line, run_pg_failover
+from proving.chaos.pg_schedule import PG_PROFILES
 from proving.chaos.profile import CLUSTER_PROFILES, PROFILES
 from proving.chaos.report import (
     PushFigures,
@@ -40,9 +48,16 @@ __all__ = ["Outcome", "main", "run_chaos"]
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="idempotent-workers chaos", description=__doc__)
-    parser.add_argument("--profile", choices=sorted([*PROFILES, *CLUSTER_PROFILES]), default="ci")
+    parser.add_argument(
+        "--profile", choices=sorted([*PROFILES, *CLUSTER_PROFILES, *PG_PROFILES]), default="ci"
+    )
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--keep", action="store_true", help="keep the work directory and logs")
+    parser.add_argument(
+        "--control",
+        choices=["async"],
+        help="pg-failover only: asynchronous replication, to show the check can fail",
+    )
     return parser
 
 
@@ -101,11 +116,39 @@ def _cluster(profile: str, seed: int, keep: bool) -> int:
     return 0 if f.ok and not outcome.stalls else 1
 
 
+async def _guarded_pg(profile: str, seed: int, keep: bool, control: bool) -> PgOutcome:
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, _on_sigterm)
+    run = asyncio.create_task(
+        run_pg_failover(PG_PROFILES[profile], seed=seed, control=control, keep=keep),
+        name=RUN_TASK,
+    )
+    return await run  # unbounded: the run itself; each of its waits has a deadline
+
+
+def _pg(profile: str, seed: int, keep: bool, *, control: bool) -> int:
+    outcome = asyncio.run(_guarded_pg(profile, seed, keep, control))
+    f = outcome.faults
+    print()
+    print(f"{'distinct local jobs':<40}{outcome.unique_local:>12}")
+    print(f"{'acked (logged with their ids)':<40}{outcome.acked:>12}")
+    elections = " ".join(f"{s:.1f}" for s in f.election_s)
+    pauses = " ".join(f"{s:.1f}" for s in outcome.pauses_s)
+    print(f"kill to new leader, s: {elections}")
+    print(f"pause in effects per fault, s: {pauses}")
+    print(f"{'elapsed s':<40}{outcome.elapsed_s:>12.0f}")
+    print()
+    print(pg_failover_line(outcome))
+    # The control exists to show a loss: it succeeds when the check finds one.
+    return 0 if outcome.ok != control else 1
+
+
 def main(argv: Sequence[str], settings: Settings) -> int:
     """Entry point of `idempotent-workers chaos` (`settings` are not used: see above)."""
     del settings
     args = _parser().parse_args(list(argv))
     configure_logging("warning")  # the run's own progress lines are what matters here
+    if args.profile in PG_PROFILES:
+        return _pg(args.profile, args.seed, args.keep, control=args.control == "async")
     if args.profile in CLUSTER_PROFILES:
         return _cluster(args.profile, args.seed, args.keep)
     outcome = asyncio.run(_guarded(args.profile, args.seed, args.keep))

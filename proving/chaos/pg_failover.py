@@ -1,0 +1,226 @@
+"""The pg-failover profile: a Patroni cluster whose primary dies under load.
+
+    start a private RabbitMQ and a Patroni cluster (proving.chaos.patroni):
+      3 PostgreSQL nodes, `synchronous_mode: true` (the control: asynchronous,
+      `synchronous_commit = local`)
+    start the workers on the cluster's multi-host DSN (target_session_attrs=read-write)
+    publish the workload while, in turn, spread over the load:
+      a primary kill: the replicas' WAL receivers paused 0.5 s (so they lag),
+        SIGKILL of the leader's Patroni and postmaster, a new leader awaited,
+        the old node started again (it rejoins as a replica)
+      a switchover: `patronictl switchover --force`
+      a standby stop: a fast shutdown of the sync standby's PostgreSQL
+        (Patroni starts it again)
+    drain, stop the workers, then count on the final primary:
+      lost, doubled (effects per planned key), stuck (queue depths), and
+      acked_but_missing: keys a worker logged as acked (`effect_committed`,
+      `duplicate_ignored`, with their message ids) whose effect is absent
+
+`failovers` counts leader changes. Each fault's pause is the gap, on the
+final primary's effect rows (`applied_at`), between the last effect before
+the fault and the first after it: what the workers saw of the failover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+
+from consumers import AmqpSettings
+from consumers.broker.topology import declare
+from dedupe import migrate
+from proving.chaos.app import EFFECTS_TABLE, LOCAL_QUEUE, app
+from proving.chaos.checker import count_stuck, effect_counts
+from proving.chaos.deadletters import DeadLetterWatcher
+from proving.chaos.fleet import Fleet
+from proving.chaos.patroni import PatroniCluster, new_workdir
+from proving.chaos.pg_schedule import PgFaults, PgProfile, run_schedule
+from proving.chaos.run import _drain, _Probe, free_port, say
+from proving.chaos.services import PrivateRabbit, remove_tree
+from proving.chaos.workload import JobKind, ResilientPublisher, plan
+
+ACKED = ('"effect_committed"', '"duplicate_ignored"')
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PgOutcome:
+    nodes: int
+    control: bool
+    faults: PgFaults
+    messages: int
+    unique_local: int
+    lost: int
+    doubled: int
+    stuck: int
+    acked: int
+    acked_but_missing: int
+    pauses_s: list[float] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.doubled or self.stuck or self.acked_but_missing)
+
+
+def acked_keys(log_dir: Path) -> set[tuple[str, str]]:
+    """(tenant, message_id) of every message a worker logged as acked."""
+    keys: set[tuple[str, str]] = set()
+    for path in log_dir.glob("worker-*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if any(mark in line for mark in ACKED) and LOCAL_QUEUE in line:
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    keys.add((str(record.get("tenant", "")), str(record["message_id"])))
+    return keys
+
+
+async def _prepare(cluster: PatroniCluster, rabbit: PrivateRabbit) -> None:
+    conn = await asyncpg.connect(cluster.dsn, timeout=10)
+    try:
+        await migrate(conn, "public")
+        await conn.execute(EFFECTS_TABLE)
+    finally:
+        await conn.close()
+    connection = await aio_pika.connect(rabbit.url, timeout=10)
+    try:
+        channel = await connection.channel()
+        for spec in app.specs.values():
+            await declare(channel, spec.queue, spec.retry, AmqpSettings(urls=(rabbit.url,)))
+    finally:
+        await connection.close()
+
+
+async def _pauses(conn: asyncpg.Connection, moments: list[float]) -> list[float]:
+    """Per fault (wall-clock time): last effect before it to first effect after it, s."""
+    pauses = []
+    for moment in moments:
+        at = datetime.datetime.fromtimestamp(moment, tz=datetime.UTC)
+        row = await conn.fetchrow(
+            "SELECT (SELECT max(applied_at) FROM chaos_effects WHERE applied_at <= $1),"
+            " (SELECT min(applied_at) FROM chaos_effects WHERE applied_at > $1)",
+            at,
+        )
+        if row is not None and row[0] is not None and row[1] is not None:
+            pauses.append((row[1] - row[0]).total_seconds())
+    return pauses
+
+
+async def run_pg_failover(
+    profile: PgProfile, *, seed: int, control: bool = False, keep: bool = False
+) -> PgOutcome:
+    started = time.monotonic()
+    for name in ("aio_pika", "aiormq"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    rng = random.Random(seed)
+    workdir = new_workdir()
+    (workdir / "logs").mkdir()
+    cluster = PatroniCluster(workdir / "pg", size=profile.nodes, synchronous=not control)
+    (workdir / "pg").mkdir()
+    (workdir / "pg").chmod(0o755)
+    rabbit = PrivateRabbit(workdir / "rabbit", free_port(), free_port())
+    fleet = Fleet(
+        size=profile.workers,
+        env={
+            "AMQP_URL": rabbit.url,
+            "DATABASE_URL": cluster.dsn,
+            "DATABASE_SCHEMA": "public",
+            "IW_PREFETCH": "200",
+            "IW_MAX_BATCH": "100",
+            "IW_SHUTDOWN_GRACE": "10",
+        },
+        log_dir=workdir / "logs",
+        crash_quota={},
+        max_crash_after=0,
+        rng=rng,
+    )
+    jobs = plan(messages=profile.messages, poison=0, malformed=0, rng=rng)
+    local = {(j.tenant, j.message_id) for j in jobs if j.kind is JobKind.LOCAL}
+    watcher = DeadLetterWatcher(rabbit.url, list(app.specs))
+    publisher = ResilientPublisher([rabbit.url])
+    probe = _Probe(cluster.dsn)
+    faults = PgFaults()
+    ok = False
+    try:
+        say(f"profile={profile.name} control={'async' if control else 'none'} workdir={workdir}")
+        await asyncio.gather(cluster.start_all(), rabbit.start())
+        say(f"patroni cluster of {profile.nodes} nodes up: {cluster.dsn}")
+        await _prepare(cluster, rabbit)
+        fleet.start()
+        watcher.start()
+        load_started = time.monotonic()
+        await asyncio.gather(
+            publisher.publish_all(jobs, seconds=profile.load_seconds),
+            run_schedule(cluster, profile, faults, load_started),
+        )
+        say(f"load and faults done at t={time.monotonic() - started:.0f}s; draining")
+        await _drain(
+            probe,
+            watcher,
+            rabbit.url,
+            app,
+            unique_local=len(local),
+            expected_dead=0,
+            devices=0,
+            seconds=profile.drain_seconds,
+        )
+        await fleet.stop()
+        await watcher.stop()
+        connection = await aio_pika.connect(rabbit.url)
+        try:
+            stuck = await count_stuck(await connection.channel(), app)
+        finally:
+            await connection.close()
+        conn = await asyncpg.connect(cluster.dsn, timeout=10)
+        try:
+            effects = await effect_counts(conn)
+            pauses = await _pauses(conn, faults.moments)
+        finally:
+            await conn.close()
+        acked = acked_keys(workdir / "logs") & local
+        outcome = PgOutcome(
+            nodes=profile.nodes,
+            control=control,
+            faults=faults,
+            messages=len(jobs),
+            unique_local=len(local),
+            lost=sum(1 for k in local if effects.get(k, 0) == 0),
+            doubled=sum(1 for k in local if effects.get(k, 0) > 1),
+            stuck=stuck,
+            acked=len(acked),
+            acked_but_missing=sum(1 for k in acked if effects.get(k, 0) == 0),
+            pauses_s=pauses,
+            elapsed_s=time.monotonic() - started,
+        )
+        ok = outcome.ok
+        return outcome
+    finally:
+        fleet.kill_now()
+        await probe.close()
+        await watcher.stop()
+        await publisher.close()
+        cluster.kill_now()
+        rabbit.kill_now()
+        if ok and not keep:
+            remove_tree(workdir)
+        else:
+            say(f"logs kept in {workdir}")
+
+
+def pg_failover_line(o: PgOutcome) -> str:
+    f = o.faults
+    return (
+        f"pg_failover: nodes={o.nodes} primary_kills={f.primary_kills}"
+        f" switchovers={f.switchovers} standby_stops={f.standby_stops} messages={o.messages}"
+        f" lost={o.lost} doubled={o.doubled} stuck={o.stuck}"
+        f" acked_but_missing={o.acked_but_missing} failovers={f.failovers}"
+    )
