@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any, Self
 
 from proving.chaos.cluster import free_port
-from proving.chaos.services import PG_BIN, ServiceError, _dies_with_parent, remove_tree
+from proving.chaos.patroni_config import patroni_config
+from proving.chaos.services import ServiceError, _dies_with_parent, remove_tree
 
 ETCD = "/usr/bin/etcd"
 PATRONI = "/usr/bin/patroni"
@@ -215,65 +216,16 @@ class PatroniCluster:
             entry = pwd.getpwnam(user)
             for path in (m.base, m.base / "sockets"):
                 os.chown(path, entry.pw_uid, entry.pw_gid)
-        hba = [
-            "local all all trust",
-            "host all all 127.0.0.1/32 trust",
-            "host replication all 127.0.0.1/32 trust",
-        ]
-        config: dict[str, Any] = {
-            "scope": self.scope,
-            "namespace": "/iw/",
-            "name": m.name,
-            "log": {"level": "WARNING"},
-            "restapi": {
-                "listen": f"127.0.0.1:{m.api_port}",
-                "connect_address": f"127.0.0.1:{m.api_port}",
-            },
-            "etcd3": {"hosts": f"127.0.0.1:{self.etcd_port}"},
-            "bootstrap": {
-                "dcs": {
-                    "ttl": 10,
-                    "loop_wait": 1,
-                    "retry_timeout": 4,
-                    "maximum_lag_on_failover": 16 * 1024 * 1024,
-                    "synchronous_mode": self.synchronous,
-                    "postgresql": {
-                        "use_pg_rewind": True,
-                        "remove_data_directory_on_rewind_failure": True,
-                        "remove_data_directory_on_diverged_timelines": True,
-                        "parameters": {
-                            "max_connections": 200,
-                            "shared_buffers": "64MB",
-                            "wal_log_hints": "on",
-                            "wal_keep_size": "256MB",
-                            # The control (not synchronous): commits wait for no standby.
-                            **({} if self.synchronous else {"synchronous_commit": "local"}),
-                        },
-                    },
-                },
-                "initdb": [{"encoding": "UTF8"}, "no-sync"],
-                "pg_hba": hba,
-            },
-            "postgresql": {
-                "listen": f"127.0.0.1:{m.port}",
-                "connect_address": f"127.0.0.1:{m.port}",
-                "data_dir": str(m.base / "data"),
-                "bin_dir": str(PG_BIN),
-                "pgpass": str(m.base / "pgpass"),
-                "pg_hba": hba,
-                "authentication": {
-                    "superuser": {"username": "postgres", "password": "x"},
-                    "replication": {"username": "postgres", "password": "x"},
-                    "rewind": {"username": "postgres", "password": "x"},
-                },
-                "parameters": {
-                    "unix_socket_directories": str(m.base / "sockets"),
-                    "log_min_messages": "warning",
-                },
-            },
-        }
-        # JSON is YAML: no YAML writer needed.
-        m.config.write_text(json.dumps(config, indent=1))
+        config = patroni_config(
+            name=m.name,
+            base=m.base,
+            port=m.port,
+            api_port=m.api_port,
+            scope=self.scope,
+            etcd_port=self.etcd_port,
+            synchronous=self.synchronous,
+        )
+        m.config.write_text(json.dumps(config, indent=1))  # JSON is YAML
 
     async def start(self, m: Member) -> None:
         """Start the member's Patroni (which starts its PostgreSQL)."""
