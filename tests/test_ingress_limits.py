@@ -22,7 +22,12 @@ from ingress.api import create_app
 from ingress.settings import IngressSettings
 from tests.ingress_support import Served, serve_in_process
 
-LIMITS = IngressSettings(queue="t.limits", max_header_bytes=8192, header_timeout_seconds=1.0)
+LIMITS = IngressSettings(
+    queue="t.limits",
+    max_request_bytes=2 * 1_048_576,
+    max_header_bytes=8192,
+    header_timeout_seconds=1.0,
+)
 ANSWER_S = 10.0  # a refusal that reads nothing comes at once; this bounds a busy machine
 
 
@@ -75,7 +80,7 @@ async def test_a_content_length_past_the_limit_is_413_before_a_byte_of_the_body_
     writer.close()
     assert status == 413, answer
     assert b"connection: close" in answer.lower()
-    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["max_bytes"] == LIMITS.max_body_bytes
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["max_bytes"] == LIMITS.max_request_bytes
     assert await db.fetchval("SELECT count(*) FROM outbox") == 0
 
 
@@ -86,7 +91,7 @@ async def test_a_chunked_body_is_refused_once_it_passes_the_limit(
 
     async def pieces() -> AsyncIterator[bytes]:
         nonlocal sent
-        raw = job_of_size(2 * LIMITS.max_body_bytes)
+        raw = job_of_size(2 * LIMITS.max_request_bytes)
         for start in range(0, len(raw), 65536):
             sent += 65536
             yield raw[start : start + 65536]
@@ -102,10 +107,10 @@ async def test_a_chunked_body_is_refused_once_it_passes_the_limit(
     assert await db.fetchval("SELECT count(*) FROM outbox") == 0
 
 
-async def test_a_body_at_the_limit_is_queued_and_one_byte_more_is_413(
+async def test_a_request_at_the_limit_is_queued_and_one_byte_more_is_413(
     db: DbConnection, settings: Settings
 ) -> None:
-    small = replace(LIMITS, max_body_bytes=4096)
+    small = replace(LIMITS, max_request_bytes=4096)
     async with (
         serve_in_process(db, settings.database, small) as served,
         httpx.AsyncClient(base_url=served.url, timeout=30) as http,
@@ -115,6 +120,23 @@ async def test_a_body_at_the_limit_is_queued_and_one_byte_more_is_413(
         past = await http.post("/v1/messages", content=job_of_size(4097, "past"), headers=auth)
     assert at.status_code == 202, at.text
     assert past.status_code == 413, past.text
+    assert await db.fetchval("SELECT count(*) FROM outbox") == 1
+
+
+async def test_a_job_the_worker_would_refuse_for_its_size_is_413(
+    db: DbConnection, settings: Settings
+) -> None:
+    """One device's job larger than the worker's body limit: no part can hold it."""
+    small = replace(LIMITS, max_body_bytes=1024)
+    async with (
+        serve_in_process(db, settings.database, small) as served,
+        httpx.AsyncClient(base_url=served.url, timeout=30) as http,
+    ):
+        auth = {"Authorization": f"Bearer {served.key}", "Content-Type": "application/json"}
+        fits = await http.post("/v1/messages", content=job_of_size(1000, "fits"), headers=auth)
+        big = await http.post("/v1/messages", content=job_of_size(2000, "big"), headers=auth)
+    assert fits.status_code == 202, fits.text
+    assert (big.status_code, big.json()["max_bytes"]) == (413, 1024), big.text
     assert await db.fetchval("SELECT count(*) FROM outbox") == 1
 
 
