@@ -36,6 +36,7 @@ from providers import Platform, Target
 from providers.fakes.apns import FakeApns
 from providers.fakes.env import fakes_env
 from providers.fakes.fcm import FakeFcm, FcmReply
+from proving.deadlines import ANSWER_S, within
 
 RUN_TIMEOUT = 1800.0
 
@@ -43,7 +44,7 @@ RUN_TIMEOUT = 1800.0
 async def one_run(settings: Settings, devices: int, latency: float, work: Path) -> str:
     schema = f"fanout_{uuid.uuid4().hex[:8]}"
     queue = f"fanout-{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(settings.database.url)
+    admin = await asyncpg.connect(settings.database.url, timeout=ANSWER_S)
     try:
         await migrate(admin, schema)
         async with FakeApns() as apns, FakeFcm() as fcm:
@@ -74,7 +75,9 @@ async def one_run(settings: Settings, devices: int, latency: float, work: Path) 
                     await asyncio.wait_for(worker.wait(), 60)
             return f"{line} latency_ms={latency * 1000:g}"
     finally:
-        await admin.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
+        await admin.execute(
+            f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE", timeout=ANSWER_S
+        )
         await admin.close()
         await _delete_queues(settings, queue)
 
@@ -93,14 +96,21 @@ async def _send(
     body = push_job_body(targets=targets[:1], title="Sale", body="Today only")
     body["targets"] = [{"platform": "android", "token": t.token} for t in targets]
     await _wait_consuming(settings.amqp.urls[0], queue)
-    publisher, connection = await Publisher.connect(settings.amqp.urls[0])
+    publisher, connection = await within(
+        ANSWER_S, "a publisher's connection", Publisher.connect(settings.amqp.urls[0])
+    )
     try:
         started = time.monotonic()
         parts = await publish_push_job(publisher, queue, body, message_id="fanout-1")
     finally:
         await connection.close()
     deadline = started + RUN_TIMEOUT
-    while await admin.fetchval(f"SELECT count(*) FROM {table} WHERE status = 'sent'") < devices:
+    while (
+        await admin.fetchval(
+            f"SELECT count(*) FROM {table} WHERE status = 'sent'", timeout=ANSWER_S
+        )
+        < devices
+    ):
         if time.monotonic() > deadline:
             raise SystemExit(f"fanout: not every device sent within {RUN_TIMEOUT:g} s")
         await asyncio.sleep(0.5)
@@ -119,12 +129,14 @@ async def _send(
 
 
 async def _wait_consuming(url: str, queue: str) -> None:
-    connection = await aio_pika.connect(url)
+    connection = await aio_pika.connect(url, timeout=ANSWER_S)
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                declared = await (await connection.channel()).declare_queue(queue, passive=True)
+                declared = await (
+                    await within(ANSWER_S, "a channel", connection.channel())
+                ).declare_queue(queue, passive=True, timeout=ANSWER_S)
                 if declared.declaration_result.consumer_count:
                     return
             except aio_pika.exceptions.ChannelClosed:
@@ -144,9 +156,11 @@ def _peak_mb(pid: int) -> float:
 
 
 async def _delete_queues(settings: Settings, queue: str) -> None:
-    connection = await aio_pika.connect(settings.amqp.urls[0])
+    connection = await aio_pika.connect(settings.amqp.urls[0], timeout=ANSWER_S)
     try:
-        await delete(await connection.channel(), queue, RetryPolicy())
+        await delete(
+            await within(ANSWER_S, "a channel", connection.channel()), queue, RetryPolicy()
+        )
     finally:
         await connection.close()
 

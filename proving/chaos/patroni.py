@@ -42,6 +42,7 @@ from typing import Any, Self
 from proving.chaos.cluster import free_port
 from proving.chaos.patroni_config import patroni_config
 from proving.chaos.services import ServiceError, _dies_with_parent, remove_tree
+from proving.deadlines import within
 
 ETCD = "/usr/bin/etcd"
 PATRONI = "/usr/bin/patroni"
@@ -362,7 +363,7 @@ class PatroniCluster:
         while True:
             result = check()
             if asyncio.iscoroutine(result):
-                result = await result
+                result = await within(patience, what, result)
             if result:
                 return
             if time.monotonic() > deadline:

@@ -48,6 +48,7 @@ from proving.chaos.pg_schedule import PgFaults, PgProfile, run_schedule
 from proving.chaos.run import _drain, _Probe, free_port, say
 from proving.chaos.services import PrivateRabbit, remove_tree
 from proving.chaos.workload import JobKind, ResilientPublisher, plan
+from proving.deadlines import ANSWER_S, within
 
 ACKED = ('"effect_committed"', '"duplicate_ignored"')
 
@@ -88,12 +89,12 @@ async def _prepare(cluster: PatroniCluster, rabbit: PrivateRabbit) -> None:
     conn = await asyncpg.connect(cluster.dsn, timeout=10)
     try:
         await migrate(conn, "public")
-        await conn.execute(EFFECTS_TABLE)
+        await conn.execute(EFFECTS_TABLE, timeout=ANSWER_S)
     finally:
         await conn.close()
     connection = await aio_pika.connect(rabbit.url, timeout=10)
     try:
-        channel = await connection.channel()
+        channel = await within(ANSWER_S, "a channel", connection.channel())
         for spec in app.specs.values():
             await declare(channel, spec.queue, spec.retry, AmqpSettings(urls=(rabbit.url,)))
     finally:
@@ -109,6 +110,7 @@ async def _pauses(conn: asyncpg.Connection, moments: list[float]) -> list[float]
             "SELECT (SELECT max(applied_at) FROM chaos_effects WHERE applied_at <= $1),"
             " (SELECT min(applied_at) FROM chaos_effects WHERE applied_at > $1)",
             at,
+            timeout=ANSWER_S,
         )
         if row is not None and row[0] is not None and row[1] is not None:
             pauses.append((row[1] - row[0]).total_seconds())
@@ -175,9 +177,11 @@ async def run_pg_failover(
         )
         await fleet.stop()
         await watcher.stop()
-        connection = await aio_pika.connect(rabbit.url)
+        connection = await aio_pika.connect(rabbit.url, timeout=ANSWER_S)
         try:
-            stuck = await count_stuck(await connection.channel(), app)
+            stuck = await count_stuck(
+                await within(ANSWER_S, "a channel", connection.channel()), app
+            )
         finally:
             await connection.close()
         conn = await asyncpg.connect(cluster.dsn, timeout=10)

@@ -39,6 +39,7 @@ from hypothesis import strategies as st
 from consumers import Settings
 from dedupe import migrate, quote_ident
 from ingress.keys import ApiKeys
+from proving.deadlines import ANSWER_S
 
 KEYS = ["k-1", "k-2", "clé-1042-ü", "é" * 64, 'say "hi"', "a\\b"]
 CONNECTIONS = 4
@@ -237,7 +238,7 @@ async def run_http_fuzz(url: str, api_key: str, *, inputs: int, seed_value: int 
         while queue:
             _, request = queue.pop()
             if streams is None:
-                streams = await asyncio.open_connection(host, port)
+                streams = await asyncio.wait_for(asyncio.open_connection(host, port), ANSWER_S)
             reader, writer = streams
             writer.write(wire(request))
             status, closing = await _answer(reader)
@@ -254,7 +255,7 @@ async def run_http_fuzz(url: str, api_key: str, *, inputs: int, seed_value: int 
 
 
 async def _prepared(database_url: str, schema: str) -> str:
-    conn = await asyncpg.connect(database_url)
+    conn = await asyncpg.connect(database_url, timeout=ANSWER_S)
     try:
         await migrate(conn, schema)
         return await ApiKeys(schema).create(conn, "fuzz")
@@ -263,9 +264,9 @@ async def _prepared(database_url: str, schema: str) -> str:
 
 
 async def _dropped(database_url: str, schema: str) -> None:
-    conn = await asyncpg.connect(database_url)
+    conn = await asyncpg.connect(database_url, timeout=ANSWER_S)
     try:
-        await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
+        await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE", timeout=ANSWER_S)
     finally:
         await conn.close()
 
