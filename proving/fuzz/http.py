@@ -84,7 +84,7 @@ _odd_text = st.one_of(st.text(max_size=8), st.sampled_from(["\x00", "\ud800", "Ã
 _fine_text = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"))
 
 
-def _jobs(odd: bool) -> st.SearchStrategy[dict[str, object]]:
+def push_jobs(odd: bool) -> st.SearchStrategy[dict[str, object]]:
     """Push jobs: valid in every field, or (`odd`) with any field possibly not."""
     text = _odd_text if odd else _fine_text.map(lambda t: t[:8])
     token = st.sampled_from(["ios-token-1", "android:tok_1", "t-2"])
@@ -114,7 +114,7 @@ def _jobs(odd: bool) -> st.SearchStrategy[dict[str, object]]:
     )
 
 
-_job = st.one_of(_jobs(odd=False), _jobs(odd=True))
+_job = st.one_of(push_jobs(odd=False), push_jobs(odd=True))
 
 
 def _two_ways(raw: bytes, draw_one: int) -> bytes:
