@@ -87,23 +87,29 @@ async def test_a_content_length_past_the_limit_is_413_before_a_byte_of_the_body_
 async def test_a_chunked_body_is_refused_once_it_passes_the_limit(
     served: Served, db: DbConnection
 ) -> None:
+    raw = job_of_size(16 * LIMITS.max_request_bytes)  # past what socket buffers hold
+    reader, writer = await connect(served.url)
+    writer.write(post_head(served, "Transfer-Encoding: chunked\r\n"))
     sent = 0
 
-    async def pieces() -> AsyncIterator[bytes]:
+    async def pieces() -> None:
+        """64 KiB chunks, as fast as the server reads, until it answers and closes."""
         nonlocal sent
-        raw = job_of_size(2 * LIMITS.max_request_bytes)
-        for start in range(0, len(raw), 65536):
-            sent += 65536
-            yield raw[start : start + 65536]
+        with contextlib.suppress(ConnectionError):
+            for start in range(0, len(raw), 65536):
+                piece = raw[start : start + 65536]
+                writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                await writer.drain()
+                sent += len(piece)
 
-    async with httpx.AsyncClient(timeout=30) as http:
-        answer = await http.post(
-            f"{served.url}/v1/messages",
-            content=pieces(),  # no length: httpx sends it chunked
-            headers={"Authorization": f"Bearer {served.key}"},
-        )
-    assert answer.status_code == 413, answer.text
-    assert answer.json()["error"] == "body_too_large"
+    sending = asyncio.create_task(pieces())
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), ANSWER_S)
+    finally:
+        sending.cancel()
+        writer.close()
+    assert int(head[9:12]) == 413, head
+    assert sent < len(raw)  # refused while the body was still coming: never read whole
     assert await db.fetchval("SELECT count(*) FROM outbox") == 0
 
 
