@@ -35,8 +35,11 @@ import asyncpg
 from consumers import Settings
 from dedupe import migrate, quote_ident
 from ingress.keys import ApiKeys
+from proving.deadlines import ANSWER_S, deadline
 
 PIECE = b"x" * 65536
+# One request's answer, its body sent over loopback: far above what 100 MB takes.
+REQUEST_S = 600.0
 
 
 def rss_mb(pid: int) -> float:
@@ -51,7 +54,7 @@ async def connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter
     deadline = time.monotonic() + 10
     while True:
         try:
-            return await asyncio.open_connection("127.0.0.1", port)
+            return await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), ANSWER_S)
         except ConnectionRefusedError:
             if time.monotonic() > deadline:
                 raise
@@ -60,15 +63,20 @@ async def connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter
 
 async def _status(reader: asyncio.StreamReader) -> int:
     try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except (asyncio.IncompleteReadError, ConnectionError):
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_S)
+    except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
         return 0
     return int(head[9:12])
 
 
 async def upload(port: int, key: str, size: int) -> int:
     """One request announcing `size` bytes of body, sent until the server answers."""
-    reader, writer = await connect(port)
+    async with deadline(REQUEST_S, f"an upload of {size} bytes answered"):
+        return await _upload(port, key, size)
+
+
+async def _upload(port: int, key: str, size: int) -> int:
+    reader, writer = await connect(port)  # unbounded: upload() bounds the request
     writer.write(
         f"POST /v1/messages HTTP/1.1\r\nHost: m\r\nAuthorization: Bearer {key}\r\n"
         f"Content-Type: application/json\r\nIdempotency-Key: m\r\n"
@@ -80,16 +88,21 @@ async def upload(port: int, key: str, size: int) -> int:
         while sent < size and not answer.done():
             writer.write(PIECE[: size - sent])
             sent += min(len(PIECE), size - sent)
-            await writer.drain()
+            await writer.drain()  # unbounded: upload() bounds the request
     except ConnectionError:
         pass
-    status = await answer
+    status = await answer  # unbounded: _status has its own deadline
     writer.close()
     return status
 
 
 async def header_flood(port: int, size: int) -> int:
-    reader, writer = await connect(port)
+    async with deadline(REQUEST_S, f"a header of {size} bytes answered"):
+        return await _header_flood(port, size)
+
+
+async def _header_flood(port: int, size: int) -> int:
+    reader, writer = await connect(port)  # unbounded: header_flood() bounds the request
     writer.write(b"POST /v1/messages HTTP/1.1\r\nHost: m\r\nX-Flood: ")
     answer = asyncio.create_task(_status(reader))
     sent = 0
@@ -97,13 +110,13 @@ async def header_flood(port: int, size: int) -> int:
         while sent < size and not answer.done():
             writer.write(PIECE)
             sent += len(PIECE)
-            await writer.drain()
+            await writer.drain()  # unbounded: header_flood() bounds the request
         if not answer.done():
             writer.write(b"\r\nContent-Length: 0\r\n\r\n")
-            await writer.drain()
+            await writer.drain()  # unbounded: as above
     except ConnectionError:
         pass
-    status = await answer
+    status = await answer  # unbounded: _status has its own deadline
     writer.close()
     return status
 
@@ -154,10 +167,12 @@ def start_serve(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes]
 
 
 async def _db(url: str, schema: str, create: bool) -> str:
-    conn = await asyncpg.connect(url)
+    conn = await asyncpg.connect(url, timeout=ANSWER_S)
     try:
         if not create:
-            await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
+            await conn.execute(
+                f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE", timeout=ANSWER_S
+            )
             return ""
         await migrate(conn, schema)
         return await ApiKeys(schema).create(conn, "memory")
