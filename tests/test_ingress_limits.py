@@ -175,9 +175,9 @@ async def test_a_head_past_the_header_limit_is_431_and_the_connection_closed(
 async def test_a_head_that_trickles_is_408_and_closed_by_the_header_timeout(
     served: Served,
 ) -> None:
-    reader, writer = await connect(served.url)
     loop = asyncio.get_running_loop()
-    started = loop.time()
+    started = loop.time()  # before the connection: the server's deadline starts with it
+    reader, writer = await connect(served.url)
     head = post_head(served, "X-Slow: ")
 
     async def trickle() -> None:
