@@ -323,40 +323,48 @@ class PatroniCluster:
 
         await self._until(streaming, patience, f"{replicas} replicas streaming")
 
-    async def switchover(self) -> tuple[Member, Member]:
-        """`patronictl switchover --force` from the leader to a running replica; (old, new)."""
-        leader = await self.wait_leader()
-        rows = await self.state()
-        candidate = next(
-            self.member_named(r["name"])
-            for r in rows
-            if r.get("role") in ("sync_standby", "replica")
-            and r.get("state") in ("running", "streaming")
-        )
-        proc = await asyncio.create_subprocess_exec(
-            PATRONICTL,
-            "-c",
-            str(leader.config),
-            "switchover",
-            "--leader",
-            leader.name,
-            "--candidate",
-            candidate.name,
-            "--force",
-            self.scope,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        out, _ = await asyncio.wait_for(proc.communicate(), 120)
-        said = out.decode(errors="replace").strip()
-        if proc.returncode != 0:
-            raise ServiceError(f"patronictl switchover failed: {said}")
-        try:
-            await self.wait_leader(other_than=leader)
-        except ServiceError as exc:
-            raise ServiceError(f"{exc}; patronictl said: {said[-500:]}") from None
-        return leader, candidate
+    async def switchover(self, tries: int = 5) -> tuple[Member, Member]:
+        """`patronictl switchover --force` from the leader to a running replica; (old, new).
+
+        Patroni refuses a candidate that is not the sync standby (412), and
+        which member that is can change between our read and its check: the
+        switchover is asked again, with the members read anew, `tries` times.
+        """
+        said = ""
+        for _ in range(tries):
+            leader = await self.wait_leader()
+            wanted = ("sync_standby",) if self.synchronous else ("sync_standby", "replica")
+            candidates = [
+                self.member_named(r["name"])
+                for r in await self.state()
+                if r.get("role") in wanted and r.get("state") in ("running", "streaming")
+            ]
+            if not candidates:
+                await asyncio.sleep(1.0)
+                continue
+            candidate = candidates[0]
+            proc = await asyncio.create_subprocess_exec(
+                PATRONICTL,
+                "-c",
+                str(leader.config),
+                "switchover",
+                "--leader",
+                leader.name,
+                "--candidate",
+                candidate.name,
+                "--force",
+                self.scope,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            out, _ = await asyncio.wait_for(proc.communicate(), 120)
+            said = out.decode(errors="replace").strip()
+            if proc.returncode == 0 and "Switchover failed" not in said:
+                await self.wait_leader(other_than=leader)
+                return leader, candidate
+            await asyncio.sleep(1.0)
+        raise ServiceError(f"patronictl switchover failed {tries} times: {said[-500:]}")
 
     async def _until(self, check: Any, patience: float, what: str) -> None:
         deadline = time.monotonic() + patience
