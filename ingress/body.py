@@ -26,7 +26,8 @@ import orjson
 from fastapi import Request
 from pydantic import ValidationError
 
-from consumers.push.job import MAX_AUDIENCE, InvalidPushJob, parse_push_job
+from consumers import InvalidPushJob, parse_push_job
+from consumers.push.job import MAX_AUDIENCE
 from ingress.models import SendRequest
 from ingress.refusals import Refusal, field_name, invalid
 

@@ -23,7 +23,7 @@ import orjson
 import structlog
 from fastapi import APIRouter, Request, Response
 
-from consumers.push.parts import push_job_parts
+from consumers import push_job_parts
 from dedupe import Acceptance, MessageStatus, NewMessage, fingerprint, parse_message_id
 from ingress.body import decode_body, read_body, too_large, validated
 from ingress.idempotency import one_key

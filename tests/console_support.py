@@ -19,8 +19,7 @@ import aio_pika
 import uvicorn
 
 from console import ConsoleSettings, Role, Tokens, create_app
-from consumers import Settings
-from consumers.handlers.retry import dead_letter_queue
+from consumers import Settings, dead_letter_queue
 from dedupe import DbConnection
 from tests.support import ROOT, wait_for
 

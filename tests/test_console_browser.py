@@ -22,8 +22,7 @@ import aio_pika
 import pytest
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 
-from consumers import Settings
-from consumers.handlers.retry import dead_letter_queue
+from consumers import Settings, dead_letter_queue
 from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER
 from dedupe import DbConnection
 from tests.conftest import AMQP_URL, Spawn

@@ -17,9 +17,8 @@ from pathlib import Path
 import aio_pika
 import httpx
 
-from consumers import Settings
+from consumers import Settings, dead_letter_queue
 from consumers.broker.topology import declare
-from consumers.handlers.retry import dead_letter_queue
 from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER
 from dedupe import DbConnection, Messages, NewMessage, fingerprint, job_message_id
 from tests.apps.effects import FAST_RETRY

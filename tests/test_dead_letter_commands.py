@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import aio_pika
 import pytest
 
-from consumers.message.envelope import REASON_HEADER, BadInput
+from consumers import REASON_HEADER, BadInput
 from dedupe import DbConnection
 from proving.rawamqp import RawProperties, RawPublisher
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn

@@ -20,10 +20,9 @@ import aio_pika
 import pika
 import pytest
 
-from consumers import AmqpSettings, App, Context, Settings, Worker
+from consumers import AmqpSettings, App, Context, Settings, Worker, dead_letter_queue, tier_queue
 from consumers.broker.conflicts import TopologyConflict
 from consumers.broker.topology import declarations, declare, tier_arguments
-from consumers.handlers.retry import dead_letter_queue, tier_queue
 from consumers.runtime.process import EXIT_CONFIG
 from dedupe import DbConnection
 from tests.apps.effects import FAST_RETRY
