@@ -35,6 +35,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -234,15 +235,16 @@ class PatroniCluster:
             return
         m.proc = _spawn([PATRONI, str(m.config)], m.base / "patroni.log", user=_as_user())
 
-    async def kill(self, m: Member) -> None:
-        """SIGKILL the member's Patroni and its postmaster: the node dies at once."""
+    async def kill(self, m: Member, *, also: Sequence[int] = ()) -> None:
+        """SIGKILL the member's Patroni, its postmaster, then the pids in `also`."""
         pid = m.postmaster_pid()
         if m.proc is not None and m.proc.poll() is None:
             m.proc.kill()
             m.proc.wait()
-        if pid is not None:
+        for victim in ([] if pid is None else [pid]) + list(also):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(victim, signal.SIGKILL)
+        if pid is not None:
             await self._until(lambda: _gone(pid), 30, f"postmaster {pid} of {m.name} gone")
 
     async def stop_postgres(self, m: Member) -> None:

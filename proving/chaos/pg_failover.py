@@ -5,9 +5,9 @@
       `synchronous_commit = local`)
     start the workers on the cluster's multi-host DSN (target_session_attrs=read-write)
     publish the workload while, in turn, spread over the load:
-      a primary kill: the replicas' WAL receivers paused 0.5 s (so they lag),
-        SIGKILL of the leader's Patroni and postmaster, a new leader awaited,
-        the old node started again (it rejoins as a replica)
+      a primary kill: the leader's WAL senders paused 2 s (so the replicas
+        lag), SIGKILL of the leader's Patroni, postmaster and paused senders,
+        a new leader awaited, the old node started again (it rejoins as a replica)
       a switchover: `patronictl switchover --force`
       a standby stop: a fast shutdown of the sync standby's PostgreSQL
         (Patroni starts it again)

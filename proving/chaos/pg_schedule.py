@@ -13,7 +13,10 @@ from pathlib import Path
 from proving.chaos.patroni import Member, PatroniCluster
 from proving.chaos.run import say
 
-LAG_BEFORE_KILL_S = 0.5  # the replicas' WAL receivers paused this long before a kill
+# Before a kill the leader's WAL senders are paused this long: what it commits
+# then reaches no replica. With synchronous replication those commits wait and
+# are never acked; without (the control) they are acked and die with the leader.
+LAG_BEFORE_KILL_S = 2.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,8 +64,14 @@ class PgFaults:
     election_s: list[float] = field(default_factory=list)  # kill to a new leader
 
 
-def _walreceivers(m: Member) -> list[int]:
-    """The WAL receiver processes of the member's PostgreSQL (children of its postmaster)."""
+def _walsenders(m: Member) -> list[int]:
+    """The WAL sender processes of the member's PostgreSQL (children of its postmaster).
+
+    A sender paused with SIGSTOP sends nothing more; what it wrote before is in
+    the socket and reaches the replica, what the leader commits after does not
+    (pausing the replicas' receivers instead loses nothing: the kernel's socket
+    buffers hold seconds of WAL, and a resumed receiver reads them all).
+    """
     postmaster = m.postmaster_pid()
     found = []
     for entry in Path("/proc").iterdir():
@@ -71,24 +80,22 @@ def _walreceivers(m: Member) -> list[int]:
         with contextlib.suppress(OSError, ValueError, IndexError):
             stat = (entry / "stat").read_text()
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == postmaster and b"walreceiver" in (entry / "cmdline").read_bytes():
+            if ppid == postmaster and b"walsender" in (entry / "cmdline").read_bytes():
                 found.append(int(entry.name))
     return found
 
 
 async def _kill_primary(cluster: PatroniCluster, faults: PgFaults) -> None:
     leader = await cluster.wait_leader()
-    paused = [p for m in cluster.members if m is not leader for p in _walreceivers(m)]
+    paused = _walsenders(leader)
     for pid in paused:  # the replicas fall behind: commits that do not wait for them race ahead
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)
     await asyncio.sleep(LAG_BEFORE_KILL_S)
     faults.moments.append(time.time())
     began = time.monotonic()
-    await cluster.kill(leader)
-    for pid in paused:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+    # The paused senders die stopped, with their postmaster: they send nothing more.
+    await cluster.kill(leader, also=paused)
     new = await cluster.wait_leader(other_than=leader, patience=90)
     faults.election_s.append(time.monotonic() - began)
     faults.primary_kills += 1
