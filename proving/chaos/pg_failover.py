@@ -3,7 +3,9 @@
     start a private RabbitMQ and a Patroni cluster (proving.chaos.patroni):
       3 PostgreSQL nodes, `synchronous_mode: true` (the control: asynchronous,
       `synchronous_commit = local`)
-    start the workers on the cluster's multi-host DSN (target_session_attrs=read-write)
+    start the workers and the outbox relays on the cluster's multi-host DSN
+      (target_session_attrs=read-write); a quarter of the local jobs emit a
+      follow-up (`ctx.emit`) that the relays publish and the workers apply
     publish the workload while, in turn, spread over the load:
       a primary kill: the leader's WAL senders paused 2 s (so the replicas
         lag), SIGKILL of the leader's Patroni, postmaster and paused senders,
@@ -11,10 +13,11 @@
       a switchover: `patronictl switchover --force`
       a standby stop: a fast shutdown of the sync standby's PostgreSQL
         (Patroni starts it again)
-    drain, stop the workers, then count on the final primary:
-      lost, doubled (effects per planned key), stuck (queue depths), and
-      acked_but_missing: keys a worker logged as acked (`effect_committed`,
-      `duplicate_ignored`, with their message ids) whose effect is absent
+    drain, stop the workers and relays, then count on the final primary:
+      lost, doubled (effects and follow-ups per planned key), stuck (queue
+      depths and outbox rows never published), and acked_but_missing: keys
+      a worker logged as acked (`effect_committed`, `duplicate_ignored`, with
+      their message ids) whose effect is absent
 
 `failovers` counts leader changes. Each fault's pause is the gap, on the
 final primary's effect rows (`applied_at`), between the last effect before
@@ -39,10 +42,10 @@ import asyncpg
 from consumers import AmqpSettings
 from consumers.broker.topology import declare
 from dedupe import migrate
-from proving.chaos.app import EFFECTS_TABLE, LOCAL_QUEUE, app
-from proving.chaos.checker import count_stuck, effect_counts
+from proving.chaos.app import EFFECTS_TABLE, LOCAL_QUEUE, app, follows_up
+from proving.chaos.checker import count_stuck, count_unpublished, effect_counts, followup_counts
 from proving.chaos.deadletters import DeadLetterWatcher
-from proving.chaos.fleet import Fleet
+from proving.chaos.fleet import RELAY_COMMAND, Fleet
 from proving.chaos.patroni import PatroniCluster, new_workdir
 from proving.chaos.pg_schedule import PgFaults, PgProfile, run_schedule
 from proving.chaos.run import _drain, _Probe, free_port, say
@@ -60,6 +63,7 @@ class PgOutcome:
     faults: PgFaults
     messages: int
     unique_local: int
+    followups: int  # planned follow-ups (through the outbox and the relays)
     lost: int
     doubled: int
     stuck: int
@@ -130,23 +134,33 @@ async def run_pg_failover(
     (workdir / "pg").mkdir()
     (workdir / "pg").chmod(0o755)
     rabbit = PrivateRabbit(workdir / "rabbit", free_port(), free_port())
+    env = {
+        "AMQP_URL": rabbit.url,
+        "DATABASE_URL": cluster.dsn,
+        "DATABASE_SCHEMA": "public",
+        "IW_SHUTDOWN_GRACE": "10",
+    }
     fleet = Fleet(
         size=profile.workers,
-        env={
-            "AMQP_URL": rabbit.url,
-            "DATABASE_URL": cluster.dsn,
-            "DATABASE_SCHEMA": "public",
-            "IW_PREFETCH": "200",
-            "IW_MAX_BATCH": "100",
-            "IW_SHUTDOWN_GRACE": "10",
-        },
+        env={**env, "IW_PREFETCH": "200", "IW_MAX_BATCH": "100"},
         log_dir=workdir / "logs",
         crash_quota={},
         max_crash_after=0,
         rng=rng,
     )
+    relays = Fleet(
+        size=profile.relays,
+        env={**env, "IW_RELAY_BATCH": "100"},
+        log_dir=workdir / "logs",
+        crash_quota={},
+        max_crash_after=0,
+        rng=rng,
+        command=RELAY_COMMAND,
+        name="relay",
+    )
     jobs = plan(messages=profile.messages, poison=0, malformed=0, rng=rng)
     local = {(j.tenant, j.message_id) for j in jobs if j.kind is JobKind.LOCAL}
+    followed = {k for k in local if follows_up(k[1])}
     watcher = DeadLetterWatcher(rabbit.url, list(app.specs))
     publisher = ResilientPublisher([rabbit.url])
     probe = _Probe(cluster.dsn)
@@ -158,6 +172,7 @@ async def run_pg_failover(
         say(f"patroni cluster of {profile.nodes} nodes up: {cluster.dsn}")
         await _prepare(cluster, rabbit)
         fleet.start()
+        relays.start()
         watcher.start()
         load_started = time.monotonic()
         await asyncio.gather(
@@ -174,8 +189,10 @@ async def run_pg_failover(
             expected_dead=0,
             devices=0,
             seconds=profile.drain_seconds,
+            expected_followups=len(followed),
         )
         await fleet.stop()
+        await relays.stop()
         await watcher.stop()
         connection = await aio_pika.connect(rabbit.url, timeout=ANSWER_S)
         try:
@@ -187,6 +204,8 @@ async def run_pg_failover(
         conn = await asyncpg.connect(cluster.dsn, timeout=10)
         try:
             effects = await effect_counts(conn)
+            followups = await followup_counts(conn)
+            unpublished = await count_unpublished(conn)
             pauses = await _pauses(conn, faults.moments)
         finally:
             await conn.close()
@@ -197,9 +216,12 @@ async def run_pg_failover(
             faults=faults,
             messages=len(jobs),
             unique_local=len(local),
-            lost=sum(1 for k in local if effects.get(k, 0) == 0),
-            doubled=sum(1 for k in local if effects.get(k, 0) > 1),
-            stuck=stuck,
+            followups=len(followed),
+            lost=sum(1 for k in local if effects.get(k, 0) == 0)
+            + sum(1 for k in followed if followups.get(k, 0) == 0),
+            doubled=sum(1 for k in local if effects.get(k, 0) > 1)
+            + sum(1 for k in followed if followups.get(k, 0) > 1),
+            stuck=stuck + unpublished,
             acked=len(acked),
             acked_but_missing=sum(1 for k in acked if effects.get(k, 0) == 0),
             pauses_s=pauses,
@@ -209,6 +231,7 @@ async def run_pg_failover(
         return outcome
     finally:
         fleet.kill_now()
+        relays.kill_now()
         await probe.close()
         await watcher.stop()
         await publisher.close()

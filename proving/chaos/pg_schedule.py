@@ -24,6 +24,7 @@ class PgProfile:
     name: str
     messages: int
     workers: int
+    relays: int
     load_seconds: float
     primary_kills: int
     switchovers: int
@@ -36,6 +37,7 @@ PG_FAILOVER = PgProfile(
     name="pg-failover",
     messages=20_000,
     workers=3,
+    relays=2,
     load_seconds=300.0,
     primary_kills=10,
     switchovers=3,
@@ -45,6 +47,7 @@ PG_FAILOVER_CI = PgProfile(
     name="pg-failover-ci",
     messages=2_000,
     workers=2,
+    relays=2,
     load_seconds=60.0,
     primary_kills=2,
     switchovers=1,
