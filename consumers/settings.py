@@ -65,6 +65,11 @@ class DatabaseSettings:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerSettings:
     prefetch: int = 1000  # unacknowledged deliveries per channel
+    # Devices of the push jobs a worker takes from one push queue's deliveries
+    # and holds until they settle: memory follows this, not a send's size. A
+    # job larger than it goes alone. About what FCM's 32 threads start in one
+    # 30 s lease at 100 ms answers (consumers.pipeline.holding).
+    push_held_devices: int = 10_000
     max_batch: int = 500  # messages in one transaction at most
     concurrency: int = 1  # channels (and batches in flight) per queue
     max_body_bytes: int = MAX_BODY_BYTES
@@ -79,6 +84,8 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if not self.handler_timeout_seconds > 0 or not self.watchdog_grace_seconds > 0:
             raise ValueError("handler_timeout_seconds and watchdog_grace_seconds must be positive")
+        if self.push_held_devices < 1:
+            raise ValueError("push_held_devices must be at least 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,6 +158,7 @@ class Settings:
             ),
             worker=WorkerSettings(
                 prefetch=int(env.get("IW_PREFETCH", "1000")),
+                push_held_devices=int(env.get("IW_PUSH_HELD_DEVICES", "10000")),
                 max_batch=int(env.get("IW_MAX_BATCH", "500")),
                 concurrency=int(env.get("IW_CONCURRENCY", "1")),
                 max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", str(MAX_BODY_BYTES))),

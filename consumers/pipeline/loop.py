@@ -3,7 +3,9 @@
 A loop takes everything buffered (up to `max_batch`) as soon as a batch slot is
 free: no timer, so a quiet queue gets the latency of one commit and a busy one
 gets large batches. Each batch goes to `run_isolating` (pipeline.isolation),
-which never hands a whole batch back for one message.
+which never hands a whole batch back for one message. A push queue's loop
+takes by weight too (`consumers.pipeline.holding`): its batches hold at most
+that many devices, the rest wait in the buffer.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import aio_pika
 import structlog
 
 from consumers.pipeline.deliveries import Delivery
+from consumers.pipeline.holding import Holding
 from consumers.pipeline.isolation import run_isolating
 from consumers.pipeline.runner import Runner
 from consumers.telemetry.metrics import ConsumerMetrics
@@ -37,13 +40,20 @@ class BatchLoop:
     """
 
     def __init__(
-        self, runner: Runner, max_batch: int, metrics: ConsumerMetrics, *, at_once: int = 1
+        self,
+        runner: Runner,
+        max_batch: int,
+        metrics: ConsumerMetrics,
+        *,
+        at_once: int = 1,
+        holding: Holding | None = None,
     ) -> None:
         self.runner = runner
         self.max_batch = max_batch
         self.metrics = metrics
+        self.holding = holding  # the weight its batches may hold (a push queue's devices)
         self.in_flight = 0  # this loop's share of the consumer's in-flight gauge
-        self.buffer: deque[Delivery] = deque()
+        self.buffer: deque[tuple[Delivery, int]] = deque()  # each with its weight
         self.wake = asyncio.Event()
         self.stopping = False
         self.queue: aio_pika.abc.AbstractQueue | None = None
@@ -55,7 +65,8 @@ class BatchLoop:
     async def on_message(self, message: Delivery) -> None:
         if self.acks is not None:
             self.acks.delivered(message)
-        self.buffer.append(message)
+        weight = 1 if self.holding is None else self.holding.weigh(message)
+        self.buffer.append((message, weight))
         self.wake.set()
 
     async def run(self) -> None:
@@ -68,9 +79,13 @@ class BatchLoop:
                     await self.wake.wait()
                     continue
                 await self._slots.acquire()  # a batch in flight ended, or none is
+                if self.holding is not None:
+                    self.holding.watch()
                 batch = self._take()
-                if not batch:  # drained while waiting for a slot, or all stale
+                if not batch:  # drained while waiting for a slot, all stale, or no room
                     self._slots.release()
+                    if self.buffer and self.holding is not None:
+                        await self.holding.room()  # a job held settles: room for the next
                     continue
                 self._count_in_flight(len(self.buffer))
                 self.metrics.batch_messages.observe(len(batch))
@@ -89,7 +104,8 @@ class BatchLoop:
                 self.acks.close()
 
     def _take(self) -> list[Delivery]:
-        """Up to `max_batch` deliveries, skipping those of a channel closed since.
+        """Up to `max_batch` deliveries that fit the holding (if any), skipping those of a
+        channel closed since.
 
         The broker took those back when their channel closed and redelivers
         them on the new one: run anyway, each would cost a handler call and an
@@ -99,12 +115,17 @@ class BatchLoop:
         batch: list[Delivery] = []
         stale = 0
         while self.buffer and len(batch) < self.max_batch:
-            delivery = self.buffer.popleft()
+            delivery, weight = self.buffer[0]
+            if self.holding is not None and not self.holding.admits(weight):
+                break  # waits in the buffer, unacked, for room
+            self.buffer.popleft()
             try:
                 delivery.channel  # noqa: B018 -- raises once the channel has closed
             except aio_pika.exceptions.ChannelInvalidStateError:
                 stale += 1
                 continue
+            if self.holding is not None:
+                self.holding.take(delivery, weight)
             batch.append(delivery)
         if stale:
             log.info(
@@ -119,6 +140,8 @@ class BatchLoop:
         try:
             await run_isolating(self.runner, batch)  # never hands a whole batch back
         finally:
+            if self.holding is not None:  # what the runner did not give back already
+                self.holding.release(batch)
             self._slots.release()
             self._count_in_flight(len(self.buffer))
 

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from consumers.message.envelope import loads_json
 from consumers.settings import MAX_BODY_BYTES
 from providers import Notification, Platform, Priority, Push, Target
 
@@ -100,6 +101,21 @@ def push_job_body(
             job[name] = value
     parse_push_job(job)  # refuse to build what a worker would dead-letter
     return job
+
+
+def devices_named(body: bytes, *, max_body_bytes: int) -> int:
+    """The devices a delivered job's body names, read before its batch decodes it.
+
+    Its `targets`' length (repeated devices fold later: never an undercount);
+    1 for a body the batch will refuse (too large, not JSON, no list)."""
+    if len(body) > max_body_bytes:
+        return 1
+    try:
+        value = loads_json(body)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested past the stack
+        return 1
+    targets = value.get("targets") if isinstance(value, dict) else None
+    return max(1, len(targets)) if isinstance(targets, list) else 1
 
 
 def parse_push_job(body: Mapping[str, Any], *, max_targets: int = MAX_TARGETS) -> PushJob:

@@ -50,6 +50,7 @@ from consumers.pipeline.database_loss import (
     rollback_quietly,
 )
 from consumers.pipeline.deliveries import Delivery, Item, decode_batch
+from consumers.pipeline.holding import Holding
 from consumers.pipeline.settle import Dispatcher
 from consumers.push.answers import (
     Answered,
@@ -100,6 +101,7 @@ class PushRunner:
         faults: Faults,
         metrics: ConsumerMetrics,
         acks: AckWindow,
+        holding: Holding | None = None,
     ) -> None:
         assert spec.push is not None
         self.spec = spec
@@ -114,6 +116,7 @@ class PushRunner:
         self.faults = faults
         self.metrics = metrics
         self.acks = acks  # the channel's: jobs settle out of order
+        self.holding = holding  # the queue's devices held: a settled job gives its own back
         self.messages = Messages(inbox.schema)
         self._gate = ProviderGate()  # the runner's batches share the provider
         self.claims = ClaimStep(
@@ -175,7 +178,11 @@ class PushRunner:
     async def settle(self, decided: Sequence[tuple[Item, Verdict]]) -> None:
         if decided:
             self.faults.reached(CrashPoint.AFTER_COMMIT)
-            await self.dispatcher.settle(self.spec, decided, acks=self.acks)
+            try:
+                await self.dispatcher.settle(self.spec, decided, acks=self.acks)
+            finally:
+                if self.holding is not None:  # room for the next job's devices
+                    self.holding.release(item.delivery for item, _ in decided)
 
     def new_send(self, item: Item, job: PushJob, index: int) -> Send:
         return new_send(self.provider, item, job, index)

@@ -4,7 +4,8 @@ Every queue of every handler is checked against what the broker holds before
 any is declared (`consumers.broker.conflicts`: a conflict is a
 `TopologyConflict`, and nothing is declared). Then for each handler the
 worker declares the topology, opens `concurrency`
-channels with `prefetch` each, and runs one batch loop per channel. A loop
+channels with `prefetch` each, and runs one batch loop per channel (a push
+queue's loops hold at most `push_held_devices` devices between them). A loop
 takes everything buffered (up to `max_batch`) as soon as the previous batch
 is settled: no timer, so a quiet queue gets latency of one commit and a busy
 one gets large batches.
@@ -39,11 +40,14 @@ from consumers.message.verdict import error_text
 from consumers.pipeline.acks import AckWindow
 from consumers.pipeline.batch import BatchRunner
 from consumers.pipeline.deadline import longest_deadline
+from consumers.pipeline.deliveries import Delivery
+from consumers.pipeline.holding import Holding
 from consumers.pipeline.loop import BatchLoop
 from consumers.pipeline.runner import Runner
 from consumers.pipeline.settle import Dispatcher
 from consumers.publishing.relay import Relay
 from consumers.push.circuit import Circuits, CircuitState, CircuitView
+from consumers.push.job import devices_named
 from consumers.push.lease import check_lease
 from consumers.push.runner import PushRunner
 from consumers.runtime.replication import check_replication
@@ -127,6 +131,7 @@ class Worker:
             worker=self.worker_id,
             queues=list(self.app.specs),
             prefetch=ws.prefetch,
+            push_held_devices=ws.push_held_devices,
             max_batch=ws.max_batch,
             concurrency=ws.concurrency,
         )
@@ -179,6 +184,13 @@ class Worker:
     async def _start_queue(self, spec: HandlerSpec, dispatcher: Dispatcher, inbox: Inbox) -> None:
         assert self._connection is not None and self.pool is not None
         ws = self.settings.worker
+        holding = None
+        if spec.push is not None:  # the devices its channels' batches hold, all of them
+
+            def weigh(delivery: Delivery) -> int:
+                return devices_named(delivery.body, max_body_bytes=ws.max_body_bytes)
+
+            holding = Holding(limit=ws.push_held_devices, weigh=weigh)
         for n in range(ws.concurrency):
             channel = await self._connection.channel(publisher_confirms=False)
             await channel.set_qos(prefetch_count=ws.prefetch)
@@ -201,6 +213,7 @@ class Worker:
                     faults=self.app.faults,
                     metrics=self.metrics.consumer(spec.queue),
                     acks=AckWindow(),
+                    holding=holding,
                 )
             else:
                 runner = BatchRunner(
@@ -214,7 +227,11 @@ class Worker:
                 )
             at_once = PUSH_BATCHES_AT_ONCE if spec.push is not None else 1
             loop = BatchLoop(
-                runner, ws.max_batch, self.metrics.consumer(spec.queue), at_once=at_once
+                runner,
+                ws.max_batch,
+                self.metrics.consumer(spec.queue),
+                at_once=at_once,
+                holding=holding,
             )
             loop.queue = queue
             self._tasks.append(asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}"))
