@@ -131,6 +131,9 @@ def _pg(profile: str, seed: int, keep: bool, *, control: bool) -> int:
     print()
     print(f"{'distinct local jobs':<40}{outcome.unique_local:>12}")
     print(f"{'follow-ups (outbox, relays)':<40}{outcome.followups:>12}")
+    sent = outcome.ingress
+    print(f"{'send API requests':<40}{sent.requests:>12}")
+    print(f"{'send API 202 (gave up)':<40}{f'{len(sent.accepted)} ({sent.gave_up})':>12}")
     print(f"{'acked (logged with their ids)':<40}{outcome.acked:>12}")
     elections = " ".join(f"{s:.1f}" for s in f.election_s)
     pauses = " ".join(f"{s:.1f}" for s in outcome.pauses_s)

@@ -5,7 +5,9 @@
       `synchronous_commit = local`)
     start the workers and the outbox relays on the cluster's multi-host DSN
       (target_session_attrs=read-write); a quarter of the local jobs emit a
-      follow-up (`ctx.emit`) that the relays publish and the workers apply
+      follow-up (`ctx.emit`) that the relays publish and the workers apply;
+      `serve` too, and push jobs sent to it (proving.chaos.pg_ingress)
+    once the workers have committed a first effect, the faults begin
     publish the workload while, in turn, spread over the load:
       a primary kill: the leader's WAL senders paused 2 s (so the replicas
         lag), SIGKILL of the leader's Patroni, postmaster and paused senders,
@@ -17,7 +19,9 @@
       lost, doubled (effects and follow-ups per planned key), stuck (queue
       depths and outbox rows never published), and acked_but_missing: keys
       a worker logged as acked (`effect_committed`, `duplicate_ignored`, with
-      their message ids) whose effect is absent
+      their message ids) whose effect is absent, and jobs `serve` answered
+      202 whose message row is absent (a job it accepted that never reached
+      its queue is lost)
 
 `failovers` counts leader changes. Each fault's pause is the gap, on the
 final primary's effect rows (`applied_at`), between the last effect before
@@ -47,13 +51,24 @@ from proving.chaos.checker import count_stuck, count_unpublished, effect_counts,
 from proving.chaos.deadletters import DeadLetterWatcher
 from proving.chaos.fleet import RELAY_COMMAND, Fleet
 from proving.chaos.patroni import PatroniCluster, new_workdir
+from proving.chaos.pg_ingress import (
+    INGRESS_QUEUE,
+    IngressLoad,
+    api_key,
+    missing_rows,
+    published_ids,
+    send_all,
+    serve_command,
+    serve_url,
+)
 from proving.chaos.pg_schedule import PgFaults, PgProfile, run_schedule
 from proving.chaos.run import _drain, _Probe, free_port, say
-from proving.chaos.services import PrivateRabbit, remove_tree
+from proving.chaos.services import PrivateRabbit, ServiceError, remove_tree
 from proving.chaos.workload import JobKind, ResilientPublisher, plan
 from proving.deadlines import ANSWER_S, within
 
 ACKED = ('"effect_committed"', '"duplicate_ignored"')
+FIRST_EFFECT_S = 120.0  # for the workers to start and commit
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,6 +79,7 @@ class PgOutcome:
     messages: int
     unique_local: int
     followups: int  # planned follow-ups (through the outbox and the relays)
+    ingress: IngressLoad  # what was sent to `serve` and what it answered 202
     lost: int
     doubled: int
     stuck: int
@@ -89,11 +105,13 @@ def acked_keys(log_dir: Path) -> set[tuple[str, str]]:
     return keys
 
 
-async def _prepare(cluster: PatroniCluster, rabbit: PrivateRabbit) -> None:
+async def _prepare(cluster: PatroniCluster, rabbit: PrivateRabbit) -> str:
+    """The schema, the queues (chaos.ingress too) and an API key for `serve`; the key."""
     conn = await asyncpg.connect(cluster.dsn, timeout=10)
     try:
         await migrate(conn, "public")
         await conn.execute(EFFECTS_TABLE, timeout=ANSWER_S)
+        key = await api_key(conn, "public")
     finally:
         await conn.close()
     connection = await aio_pika.connect(rabbit.url, timeout=10)
@@ -101,8 +119,21 @@ async def _prepare(cluster: PatroniCluster, rabbit: PrivateRabbit) -> None:
         channel = await within(ANSWER_S, "a channel", connection.channel())
         for spec in app.specs.values():
             await declare(channel, spec.queue, spec.retry, AmqpSettings(urls=(rabbit.url,)))
+        await channel.declare_queue(
+            INGRESS_QUEUE, durable=True, arguments={"x-queue-type": "quorum"}, timeout=ANSWER_S
+        )
     finally:
         await connection.close()
+    return key
+
+
+async def _first_effect(probe: _Probe, patience: float) -> None:
+    """Until a worker has committed an effect: a fault before that finds nobody to fail."""
+    ends = time.monotonic() + patience
+    while not await probe.distinct_effects():
+        if time.monotonic() > ends:
+            raise ServiceError(f"no effect committed within {patience:.0f} s of the start")
+        await asyncio.sleep(0.2)
 
 
 async def _pauses(conn: asyncpg.Connection, moments: list[float]) -> list[float]:
@@ -158,6 +189,16 @@ async def run_pg_failover(
         command=RELAY_COMMAND,
         name="relay",
     )
+    serve = Fleet(
+        size=1,
+        env=env,
+        log_dir=workdir / "logs",
+        crash_quota={},
+        max_crash_after=0,
+        rng=rng,
+        command=serve_command(free_port()),
+        name="serve",
+    )
     jobs = plan(messages=profile.messages, poison=0, malformed=0, rng=rng)
     local = {(j.tenant, j.message_id) for j in jobs if j.kind is JobKind.LOCAL}
     followed = {k for k in local if follows_up(k[1])}
@@ -170,14 +211,27 @@ async def run_pg_failover(
         say(f"profile={profile.name} control={'async' if control else 'none'} workdir={workdir}")
         await asyncio.gather(cluster.start_all(), rabbit.start())
         say(f"patroni cluster of {profile.nodes} nodes up: {cluster.dsn}")
-        await _prepare(cluster, rabbit)
+        key = await _prepare(cluster, rabbit)
         fleet.start()
         relays.start()
+        serve.start()
         watcher.start()
-        load_started = time.monotonic()
-        await asyncio.gather(
+        url = await serve_url(workdir / "logs" / "serve-0.log")
+
+        async def faults_once_effects_begin() -> None:
+            await _first_effect(probe, patience=FIRST_EFFECT_S)
+            await run_schedule(cluster, profile, faults, time.monotonic())
+
+        _, ingress, _ = await asyncio.gather(
             publisher.publish_all(jobs, seconds=profile.load_seconds),
-            run_schedule(cluster, profile, faults, load_started),
+            send_all(
+                url,
+                key,
+                requests=profile.ingress_requests,
+                seconds=profile.load_seconds,
+                seed=seed,
+            ),
+            faults_once_effects_begin(),
         )
         say(f"load and faults done at t={time.monotonic() - started:.0f}s; draining")
         await _drain(
@@ -193,7 +247,9 @@ async def run_pg_failover(
         )
         await fleet.stop()
         await relays.stop()
+        await serve.stop()
         await watcher.stop()
+        jobs_published = await published_ids(rabbit.url)
         connection = await aio_pika.connect(rabbit.url, timeout=ANSWER_S)
         try:
             stuck = await count_stuck(
@@ -207,6 +263,7 @@ async def run_pg_failover(
             followups = await followup_counts(conn)
             unpublished = await count_unpublished(conn)
             pauses = await _pauses(conn, faults.moments)
+            ingress_missing = await missing_rows(conn, ingress.accepted)
         finally:
             await conn.close()
         acked = acked_keys(workdir / "logs") & local
@@ -217,13 +274,15 @@ async def run_pg_failover(
             messages=len(jobs),
             unique_local=len(local),
             followups=len(followed),
+            ingress=ingress,
             lost=sum(1 for k in local if effects.get(k, 0) == 0)
-            + sum(1 for k in followed if followups.get(k, 0) == 0),
+            + sum(1 for k in followed if followups.get(k, 0) == 0)
+            + len(ingress.accepted - jobs_published),
             doubled=sum(1 for k in local if effects.get(k, 0) > 1)
             + sum(1 for k in followed if followups.get(k, 0) > 1),
             stuck=stuck + unpublished,
             acked=len(acked),
-            acked_but_missing=sum(1 for k in acked if effects.get(k, 0) == 0),
+            acked_but_missing=sum(1 for k in acked if effects.get(k, 0) == 0) + ingress_missing,
             pauses_s=pauses,
             elapsed_s=time.monotonic() - started,
         )
@@ -232,6 +291,7 @@ async def run_pg_failover(
     finally:
         fleet.kill_now()
         relays.kill_now()
+        serve.kill_now()
         await probe.close()
         await watcher.stop()
         await publisher.close()

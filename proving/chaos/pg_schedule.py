@@ -25,6 +25,7 @@ class PgProfile:
     messages: int
     workers: int
     relays: int
+    ingress_requests: int  # push jobs sent to `serve` over the load
     load_seconds: float
     primary_kills: int
     switchovers: int
@@ -38,6 +39,7 @@ PG_FAILOVER = PgProfile(
     messages=20_000,
     workers=3,
     relays=2,
+    ingress_requests=1_000,
     load_seconds=300.0,
     primary_kills=10,
     switchovers=3,
@@ -48,6 +50,7 @@ PG_FAILOVER_CI = PgProfile(
     messages=2_000,
     workers=2,
     relays=2,
+    ingress_requests=200,
     load_seconds=60.0,
     primary_kills=2,
     switchovers=1,
