@@ -139,6 +139,8 @@ def _pg(profile: str, seed: int, keep: bool, *, control: bool) -> int:
     pauses = " ".join(f"{s:.1f}" for s in outcome.pauses_s)
     print(f"kill to new leader, s: {elections}")
     print(f"pause in effects per fault, s: {pauses}")
+    gaps = " ".join(f"{s:.1f}" for s in outcome.commit_gaps_s)
+    print(f"last commit before to first after each fault (workers' logs), s: {gaps}")
     print(f"{'elapsed s':<40}{outcome.elapsed_s:>12.0f}")
     print()
     print(pg_failover_line(outcome))

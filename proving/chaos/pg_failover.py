@@ -31,6 +31,7 @@ the fault and the first after it: what the workers saw of the failover.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import datetime
 import json
@@ -86,6 +87,7 @@ class PgOutcome:
     acked: int
     acked_but_missing: int
     pauses_s: list[float] = field(default_factory=list)
+    commit_gaps_s: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
 
     @property
@@ -103,6 +105,28 @@ def acked_keys(log_dir: Path) -> set[tuple[str, str]]:
                     record = json.loads(line)
                     keys.add((str(record.get("tenant", "")), str(record["message_id"])))
     return keys
+
+
+def commit_gaps(log_dir: Path, moments: list[float]) -> list[float]:
+    """Per fault: the workers' last commit before it to their first after it, s.
+
+    From the workers' own `effect_committed` lines (logged once COMMIT
+    returned): the failover as the workers saw it.
+    """
+    stamps = []
+    for path in log_dir.glob("worker-*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if '"effect_committed"' in line:
+                with contextlib.suppress(ValueError, KeyError):
+                    when = datetime.datetime.fromisoformat(json.loads(line)["timestamp"])
+                    stamps.append(when.timestamp())
+    stamps.sort()
+    gaps = []
+    for moment in moments:
+        at = bisect.bisect_right(stamps, moment)
+        if 0 < at < len(stamps):
+            gaps.append(stamps[at] - stamps[at - 1])
+    return gaps
 
 
 async def _prepare(cluster: PatroniCluster, rabbit: PrivateRabbit) -> str:
@@ -284,6 +308,7 @@ async def run_pg_failover(
             acked=len(acked),
             acked_but_missing=sum(1 for k in acked if effects.get(k, 0) == 0) + ingress_missing,
             pauses_s=pauses,
+            commit_gaps_s=commit_gaps(workdir / "logs", faults.moments),
             elapsed_s=time.monotonic() - started,
         )
         ok = outcome.ok
