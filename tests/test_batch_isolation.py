@@ -39,6 +39,9 @@ class FailsOn:
             raise RuntimeError("the framework cannot decide this one")
         await self.inner.run(deliveries)
 
+    async def close(self) -> None:
+        await self.inner.close()
+
 
 async def test_undecidable_message_is_isolated_and_dead_lettered_and_its_batchmates_commit_once(
     db: DbConnection,

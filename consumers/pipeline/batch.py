@@ -50,6 +50,7 @@ from consumers.pipeline.database_loss import (
 )
 from consumers.pipeline.deadline import Deadline, HandlerTimeout
 from consumers.pipeline.deliveries import Delivery, Item, Verdicts, decode_batch
+from consumers.pipeline.held import HeldConnection
 from consumers.pipeline.settle import Dispatcher
 from consumers.settings import WorkerSettings
 from consumers.telemetry.metrics import ConsumerMetrics
@@ -87,9 +88,12 @@ class BatchRunner:
         settings: WorkerSettings,
         faults: Faults,
         metrics: ConsumerMetrics,
+        hold_connection: bool = True,
     ) -> None:
         self.spec = spec
         self.pool = pool
+        # One batch at a time: the connection stays from one batch to the next.
+        self.connection = HeldConnection(pool, hold=hold_connection)
         self.inbox = inbox
         self.outbox = Outbox(inbox.schema)  # ctx.emit() writes here, in the batch's transaction
         self.dispatcher = dispatcher
@@ -140,7 +144,7 @@ class BatchRunner:
         self, items: list[Item], *, careful: bool, known: Verdicts | None = None
     ) -> Verdicts:
         # A demoted primary's connection is closed: the re-run gets the new primary's.
-        async with self.pool.acquire() as conn, dropped_if_demoted(conn):
+        async with self.connection.acquired() as conn, dropped_if_demoted(conn):
             tx = conn.transaction()
             await tx.start()
             try:
@@ -174,6 +178,10 @@ class BatchRunner:
             async with replicated(conn):  # a cancelled wait for the standby: unknown, re-run
                 await tx.commit()  # <- effects and claims are durable from here on
         return verdicts
+
+    async def close(self) -> None:
+        """Give the connection held between batches back to the pool."""
+        await self.connection.release()
 
     async def _effects_fast(self, conn: DbConnection, fresh: list[Item], claimed: Verdicts) -> None:
         """No savepoints, one deadline timer: any handler error means the careful path."""

@@ -97,11 +97,14 @@ class BatchLoop:
                 task.cancel()
             raise
         finally:
-            if self._running:  # stopping: settle the batches in flight first
-                await asyncio.gather(*self._running, return_exceptions=True)
-            if self.acks is not None:  # acks held back behind what is left unsettled
-                await self.acks.flush()
-                self.acks.close()
+            try:
+                if self._running:  # stopping: settle the batches in flight first
+                    await asyncio.gather(*self._running, return_exceptions=True)
+                if self.acks is not None:  # acks held back behind what is left unsettled
+                    await self.acks.flush()
+                    self.acks.close()
+            finally:
+                await self.runner.close()  # the pool closes once its connections are back
 
     def _take(self) -> list[Delivery]:
         """Up to `max_batch` deliveries that fit the holding (if any), skipping those of a

@@ -175,6 +175,9 @@ class PushRunner:
             stalled=self.metrics.database_stalled,
         )
 
+    async def close(self) -> None:
+        """Nothing is kept between batches: each takes its connections from the pool."""
+
     async def settle(self, decided: Sequence[tuple[Item, Verdict]]) -> None:
         if decided:
             self.faults.reached(CrashPoint.AFTER_COMMIT)

@@ -96,6 +96,7 @@ class Worker:
         self._loops: list[BatchLoop] = []
         self._relay: Relay | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._hold_connections = False
         self._started = False
         self._stopping = False
         self._closed = asyncio.Event()
@@ -106,6 +107,9 @@ class Worker:
         ws = self.settings.worker
         read_leniently()  # a key that is not UTF-8 must not cost the connection
         needed = ws.concurrency * len(self.app.specs)  # one connection per batch in flight
+        # A local-effect loop keeps its connection between batches
+        # (consumers.pipeline.held) while that leaves one for everything else.
+        self._hold_connections = needed < db.pool_size
         self.pool = await create_pool(
             self.settings,
             min_size=min(needed, db.pool_size),
@@ -224,6 +228,7 @@ class Worker:
                     settings=ws,
                     faults=self.app.faults,
                     metrics=self.metrics.consumer(spec.queue),
+                    hold_connection=self._hold_connections,
                 )
             at_once = PUSH_BATCHES_AT_ONCE if spec.push is not None else 1
             loop = BatchLoop(
