@@ -40,6 +40,8 @@ import structlog
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from yarl import URL
 
+from consumers.broker.consume import DirectChannel
+
 log = structlog.get_logger(__name__)
 
 BACKOFF_BASE_S = 0.5
@@ -52,7 +54,13 @@ def redacted(url: URL | str) -> str:
 
 
 class ClusterConnection(aio_pika.RobustConnection):
-    """A `RobustConnection` that moves round the addresses on every loss or failure."""
+    """A `RobustConnection` that moves round the addresses on every loss or failure.
+
+    Its channels are `DirectChannel`s: a `DirectConsumer` consumes below
+    aio-pika's per-delivery objects (`consumers.broker.consume`).
+    """
+
+    CHANNEL_CLASS = DirectChannel
 
     def __init__(
         self,

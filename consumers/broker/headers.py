@@ -32,6 +32,7 @@ from typing import Any
 import aio_pika
 from pamqp import common, decode
 
+from consumers.broker.consume import Delivery
 from consumers.message.envelope import NO_MESSAGE_ID_HEADER, is_text
 
 DROPPED_HEADERS = "x-dropped-headers"
@@ -124,9 +125,7 @@ def property_or_raw(name: str, value: str | None, headers: dict[str, Any]) -> st
     return None
 
 
-def republished(
-    delivery: aio_pika.abc.AbstractIncomingMessage, headers: dict[str, Any]
-) -> aio_pika.Message:
+def republished(delivery: Delivery, headers: dict[str, Any]) -> aio_pika.Message:
     """`delivery` as a new persistent message with `headers` (from `republishable_headers`).
 
     A property that cannot be written back is left out and kept in `x-raw-<name>`;

@@ -26,10 +26,10 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
-import aio_pika
 import orjson
+from aio_pika.abc import HeadersType
 
 from dedupe import DedupeKey, fingerprint, is_plain
 
@@ -48,6 +48,22 @@ REASON_HEADER = "x-reason"
 NO_MESSAGE_ID_HEADER = "x-no-message-id"
 
 Fingerprinter = Callable[[Mapping[str, Any]], bytes]
+
+
+class Incoming(Protocol):
+    """What decoding reads of a delivery: aio-pika's `IncomingMessage` has it, and so
+    has the worker's own delivery built from aiormq's frames (`consumers.broker.consume`)."""
+
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def headers(self) -> HeadersType: ...
+    @property
+    def content_type(self) -> str | None: ...
+    @property
+    def content_encoding(self) -> str | None: ...
+    @property
+    def message_id(self) -> str | None: ...
 
 
 class BadInput(StrEnum):
@@ -118,7 +134,7 @@ def loads_json(raw: bytes) -> Any:
     return loads_plain(raw)[0]
 
 
-def attempt_of(message: aio_pika.abc.AbstractIncomingMessage) -> int:
+def attempt_of(message: Incoming) -> int:
     raw = (message.headers or {}).get(ATTEMPT_HEADER, 1)
     if not isinstance(raw, int) or isinstance(raw, bool):
         return 1
@@ -191,7 +207,7 @@ def _tenant(headers: Mapping[str, Any]) -> str | BadInput:
 
 
 def decode(
-    message: aio_pika.abc.AbstractIncomingMessage,
+    message: Incoming,
     *,
     consumer: str,
     max_body_bytes: int,

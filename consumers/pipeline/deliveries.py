@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import aio_pika
-
+from consumers.broker.consume import Delivery
 from consumers.message.envelope import BadInput, Envelope, decode
 from consumers.message.verdict import DUPLICATE, REUSED, Verdict, dead
 from dedupe import DedupeKey
@@ -16,7 +15,7 @@ from dedupe import DedupeKey
 if TYPE_CHECKING:
     from consumers.handlers.spec import HandlerSpec
 
-Delivery = aio_pika.abc.AbstractIncomingMessage
+__all__ = ["Decoded", "Delivery", "Item", "Verdicts", "decode_batch"]
 
 
 @dataclass(eq=False, slots=True)

@@ -62,11 +62,12 @@ class BatchLoop:
         self._running: set[asyncio.Task[None]] = set()
         self.acks = runner.acks
 
-    async def on_message(self, message: Delivery) -> None:
+    def on_delivery(self, delivery: Delivery) -> None:
+        """Buffer a delivery as it is read (`consumers.broker.consume.DirectConsumer`)."""
         if self.acks is not None:
-            self.acks.delivered(message)
-        weight = 1 if self.holding is None else self.holding.weigh(message)
-        self.buffer.append((message, weight))
+            self.acks.delivered(delivery)
+        weight = 1 if self.holding is None else self.holding.weigh(delivery)
+        self.buffer.append((delivery, weight))
         self.wake.set()
 
     async def run(self) -> None:

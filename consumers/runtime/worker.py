@@ -31,6 +31,7 @@ import structlog
 
 from consumers.broker.conflicts import check
 from consumers.broker.connection import connect, connect_once
+from consumers.broker.consume import DirectConsumer
 from consumers.broker.headers import read_leniently
 from consumers.broker.topology import declarations, declare
 from consumers.handlers.app import App
@@ -240,7 +241,7 @@ class Worker:
             )
             loop.queue = queue
             self._tasks.append(asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}"))
-            loop.consumer_tag = await queue.consume(loop.on_message)
+            loop.consumer_tag = await queue.consume(DirectConsumer(loop.on_delivery))
             self._loops.append(loop)
 
     async def stop(self) -> None:

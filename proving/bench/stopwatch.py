@@ -3,9 +3,11 @@
 The stopwatch wraps two methods of aio-pika's `IncomingMessage` while a run
 lasts: its constructor (the moment aio-pika hands a delivery to a consumer,
 whatever consumer it is) and `ack()` (the moment the consumer acknowledges;
-`multiple=True` covers every earlier delivery of that channel). So the
-bare loops, FastStream and our worker are timed by one instrument, and
-none of them carries timing code of its own.
+`multiple=True` covers every earlier delivery of that channel). Our worker
+consumes below aio-pika's objects (`consumers.broker.consume`): the same two
+methods of its `RawDelivery` are wrapped alike, its constructor called at the
+point aio-pika's would be. So the bare loops, FastStream and our worker are
+timed by one instrument, and none of them carries timing code of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aio_pika.message import IncomingMessage
+
+from consumers.broker.consume import RawDelivery
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,26 +130,35 @@ class Stopwatch:
 
     @contextmanager
     def installed(self) -> Iterator[Stopwatch]:
-        """Wrap aio-pika's IncomingMessage for as long as the block runs."""
-        original_init: Callable[..., None] = IncomingMessage.__init__
-        original_ack: Callable[..., Any] = IncomingMessage.ack
+        """Wrap aio-pika's IncomingMessage and our RawDelivery for as long as the block runs."""
         watch = self
+        originals: list[tuple[type[Any], Callable[..., None], Callable[..., Any]]] = []
+        classes: tuple[type[Any], ...] = (IncomingMessage, RawDelivery)
+        for cls in classes:
+            original_init: Callable[..., None] = cls.__init__
+            original_ack: Callable[..., Any] = cls.ack
+            originals.append((cls, original_init, original_ack))
 
-        def init(message: IncomingMessage, *args: Any, **kwargs: Any) -> None:
-            original_init(message, *args, **kwargs)
-            if message.delivery_tag:
-                watch._delivered(args[0].channel, message.delivery_tag)
+            def init(
+                message: Any, *args: Any, _init: Callable[..., None] = original_init, **kwargs: Any
+            ) -> None:
+                _init(message, *args, **kwargs)
+                if message.delivery_tag:
+                    watch._delivered(args[0].channel, message.delivery_tag)
 
-        async def ack(message: IncomingMessage, multiple: bool = False) -> None:
-            channel = message.channel
-            await original_ack(message, multiple)
-            watch._acked(channel, message.delivery_tag or 0, multiple)
+            async def ack(
+                message: Any, multiple: bool = False, _ack: Callable[..., Any] = original_ack
+            ) -> None:
+                channel = message.channel
+                await _ack(message, multiple)
+                watch._acked(channel, message.delivery_tag or 0, multiple)
 
-        # A measuring instrument, installed for the bench process only.
-        IncomingMessage.__init__ = init  # type: ignore[method-assign, assignment]
-        IncomingMessage.ack = ack  # type: ignore[method-assign, assignment]
+            # A measuring instrument, installed for the bench process only.
+            cls.__init__ = init
+            cls.ack = ack
         try:
             yield self
         finally:
-            IncomingMessage.__init__ = original_init  # type: ignore[method-assign]
-            IncomingMessage.ack = original_ack  # type: ignore[method-assign]
+            for cls, original_init, original_ack in originals:
+                cls.__init__ = original_init
+                cls.ack = original_ack

@@ -1,0 +1,183 @@
+"""Deliveries straight from aiormq's frames, consumers kept by aio-pika's recovery.
+
+aio-pika hands a delivery to a consumer in three steps: aiormq reads the
+frames into a `DeliveredMessage` and starts a task for it; aio-pika's
+consumer coroutine builds an `IncomingMessage` (every property set through
+a checking `__setattr__`, expiration and timestamp converted); a second task
+runs the callback. A worker's batch loop only appends the delivery to its
+buffer, so the second task and most of the object are overhead on every
+message. Here:
+
+1. `RawDelivery` is the delivery built from aiormq's `DeliveredMessage`: the
+   body, the properties decoding and republishing read, the tag and the
+   channel, in a slotted object; `ack` and `nack` are aiormq's frames
+   (parsed and written by pamqp and aiormq: nothing of AMQP is encoded here).
+2. `DirectConsumer(on_delivery)` is a consumer callback aiormq runs in the
+   task it starts per delivery: `on_delivery` is called there, synchronously,
+   with the `RawDelivery`. No task of ours, no `IncomingMessage`.
+3. `DirectQueue.consume` registers a `DirectConsumer` on the underlying aiormq
+   channel and records it where `aio_pika.RobustQueue` records its own
+   consumers, so recovery keeps it: after a reconnect the restored queue
+   consumes again through this `consume`; a broker's `basic.cancel` for it
+   requests recovery as for aio-pika's consumers.
+4. aio-pika's recovery of a consumer missing after a restore registers it
+   through the base `Queue.consume`: its deliveries then come as aio-pika's
+   `IncomingMessage`, which `DirectConsumer` hands on as it is (both are a
+   `Delivery`).
+
+`DirectChannel` is the robust channel whose queues are `DirectQueue`s;
+`consumers.broker.connection.ClusterConnection` opens its channels with it.
+Any other callback consumes through aio-pika, unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractIncomingMessage, ConsumerTag, HeadersType
+from aio_pika.exceptions import ChannelInvalidStateError, MessageProcessError
+from aiormq.abc import DeliveredMessage
+from pamqp.common import Arguments
+
+from consumers.message.envelope import Incoming
+
+
+class Delivery(Incoming, Protocol):
+    """One delivery as the batch loop settles it: `RawDelivery` or aio-pika's `IncomingMessage`."""
+
+    @property
+    def correlation_id(self) -> str | None: ...
+    @property
+    def type(self) -> str | None: ...
+    @property
+    def delivery_tag(self) -> int | None: ...
+    @property
+    def channel(self) -> aiormq.abc.AbstractChannel:
+        """The channel it came on; raises ChannelInvalidStateError once that has closed."""
+        ...
+
+    async def ack(self, multiple: bool = False) -> None: ...
+    async def nack(self, multiple: bool = False, requeue: bool = True) -> None: ...
+
+
+class RawDelivery:
+    """A delivery read from aiormq's frames (1.): what the worker reads of it, no more."""
+
+    __slots__ = (
+        "_channel",
+        "_settled",
+        "body",
+        "content_encoding",
+        "content_type",
+        "correlation_id",
+        "delivery_tag",
+        "headers",
+        "message_id",
+        "redelivered",
+        "type",
+    )
+
+    def __init__(self, message: DeliveredMessage) -> None:
+        properties = message.header.properties
+        self._channel = message.channel
+        self._settled = False
+        self.body: bytes = message.body
+        self.headers: HeadersType = properties.headers or {}
+        self.content_type: str | None = properties.content_type
+        self.content_encoding: str | None = properties.content_encoding
+        self.message_id: str | None = properties.message_id
+        self.correlation_id: str | None = properties.correlation_id
+        self.type: str | None = properties.message_type
+        self.delivery_tag: int | None = message.delivery_tag
+        self.redelivered: bool | None = message.redelivered
+
+    @property
+    def channel(self) -> aiormq.abc.AbstractChannel:
+        if self._channel.is_closed:
+            raise ChannelInvalidStateError
+        return self._channel
+
+    def _settle(self) -> int:
+        """The tag to ack or nack; a second settle raises, as aio-pika's does."""
+        if self._settled:
+            raise MessageProcessError("Message already processed", self)
+        self._settled = True
+        return self.delivery_tag or 0
+
+    async def ack(self, multiple: bool = False) -> None:
+        channel = self.channel
+        await channel.basic_ack(delivery_tag=self._settle(), multiple=multiple)
+
+    async def nack(self, multiple: bool = False, requeue: bool = True) -> None:
+        channel = self.channel
+        await channel.basic_nack(delivery_tag=self._settle(), multiple=multiple, requeue=requeue)
+
+
+class DirectConsumer:
+    """A consumer callback that hands each delivery to `on_delivery` (2. and 4.)."""
+
+    __slots__ = ("on_delivery",)
+
+    def __init__(self, on_delivery: Callable[[Delivery], None]) -> None:
+        self.on_delivery = on_delivery
+
+    async def deliver(self, message: DeliveredMessage) -> None:
+        """aiormq's consumer callback: runs in the task aiormq starts for the delivery."""
+        self.on_delivery(RawDelivery(message))
+
+    async def __call__(self, message: AbstractIncomingMessage) -> None:
+        """aio-pika's: a consumer aio-pika restored through its own `Queue.consume`."""
+        self.on_delivery(message)
+
+
+class DirectQueue(aio_pika.RobustQueue):
+    """A robust queue that consumes a `DirectConsumer` below aio-pika's objects (3.)."""
+
+    async def consume(
+        self,
+        callback: Callable[[AbstractIncomingMessage], Awaitable[Any]],
+        no_ack: bool = False,
+        exclusive: bool = False,
+        arguments: Arguments = None,
+        consumer_tag: ConsumerTag | None = None,
+        timeout: aio_pika.abc.TimeoutType = None,  # noqa: ASYNC109 -- aio-pika's signature
+        robust: bool = True,
+    ) -> ConsumerTag:
+        if not isinstance(callback, DirectConsumer) or no_ack:
+            return await super().consume(
+                callback,
+                no_ack=no_ack,
+                exclusive=exclusive,
+                arguments=arguments,
+                consumer_tag=consumer_tag,
+                timeout=timeout,
+                robust=robust,
+            )
+        channel = await self.channel.get_underlay_channel()
+        result = await channel.basic_consume(
+            queue=self.name,
+            consumer_callback=callback.deliver,
+            exclusive=exclusive,
+            arguments=arguments,
+            consumer_tag=consumer_tag,
+            timeout=timeout,
+        )
+        tag = result.consumer_tag
+        if tag is None:
+            raise RuntimeError("the broker's ConsumeOk carried no consumer tag")
+        if robust:
+            # Where RobustQueue keeps its own consumers (its restore, and the
+            # channel's cancel handling, read them): so ours are kept alike.
+            self._consumers[tag] = dict(
+                callback=callback, no_ack=False, exclusive=exclusive, arguments=arguments
+            )
+        return tag
+
+
+class DirectChannel(aio_pika.RobustChannel):
+    """A robust channel whose declared queues are `DirectQueue`s."""
+
+    QUEUE_CLASS = DirectQueue

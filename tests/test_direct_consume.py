@@ -1,0 +1,118 @@
+"""The worker consumes below aio-pika's per-delivery objects, through reconnects too."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections import deque
+from typing import cast
+
+import aio_pika
+import aiormq
+import pytest
+
+from consumers import App, Context, Publisher, RetryPolicy, Settings, Worker
+from consumers.broker.consume import Delivery, DirectConsumer, RawDelivery
+from dedupe import DbConnection
+from tests.support import close_broker_connections, wait_for
+
+needs_rabbitmqctl = pytest.mark.skipif(
+    shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl to close a connection"
+)
+
+
+def _recording_app(queue: str, retry_policy: RetryPolicy, seen: list[str]) -> App:
+    app = App(retry=retry_policy)
+
+    @app.handler(queue)
+    async def record(ctx: Context) -> None:
+        seen.append(ctx.message_id)
+        await ctx.tx.execute(
+            "INSERT INTO effects (consumer, tenant, message_id, body, worker_pid)"
+            " VALUES ('x', '', $1, '', 0)",
+            ctx.message_id,
+        )
+
+    return app
+
+
+async def _direct_consumers(worker: Worker) -> int:
+    """How many of the worker's consuming channels deliver through a DirectConsumer now."""
+    direct = 0
+    for loop in worker._loops:
+        assert loop.queue is not None
+        channel = cast(aiormq.Channel, await loop.queue.channel.get_underlay_channel())
+        callbacks = [getattr(c, "__self__", None) for c in channel.consumers.values()]
+        direct += sum(isinstance(c, DirectConsumer) for c in callbacks)
+    return direct
+
+
+async def _effects(db: DbConnection, message_id: str) -> int:
+    count: int = await db.fetchval("SELECT count(*) FROM effects WHERE message_id = $1", message_id)
+    return count
+
+
+class _Recording(deque[tuple[Delivery, int]]):
+    """A batch loop's buffer that keeps the type of every delivery appended to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.types: list[type] = []
+
+    def append(self, entry: tuple[Delivery, int]) -> None:
+        self.types.append(type(entry[0]))
+        super().append(entry)
+
+
+async def test_batch_loop_buffers_raw_deliveries_and_acks_them_after_commit(
+    db: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    retry_policy: RetryPolicy,
+    channel: aio_pika.abc.AbstractChannel,
+) -> None:
+    seen: list[str] = []
+    async with Worker(_recording_app(queue_name, retry_policy, seen), settings) as worker:
+        assert await _direct_consumers(worker) == 1
+        (loop,) = worker._loops
+        loop.buffer = recording = _Recording()
+        await publisher.publish(queue_name, {"n": 1}, message_id="raw-1")
+
+        async def committed() -> bool:
+            return await _effects(db, "raw-1") == 1
+
+        await wait_for(committed)
+        assert recording.types == [RawDelivery]
+    # Acked: with the worker's connection closed, nothing came back to the queue.
+    declared = await channel.declare_queue(queue_name, passive=True)
+    assert declared.declaration_result.message_count == 0
+    assert seen == ["raw-1"]
+
+
+@needs_rabbitmqctl
+async def test_direct_consumer_is_restored_after_the_broker_drops_the_connection(
+    db: DbConnection,
+    queue_name: str,
+    publisher: Publisher,
+    settings: Settings,
+    retry_policy: RetryPolicy,
+) -> None:
+    seen: list[str] = []
+    async with Worker(_recording_app(queue_name, retry_policy, seen), settings) as worker:
+        closed = await asyncio.to_thread(
+            close_broker_connections, f"idempotent-workers {worker.worker_id}"
+        )
+        assert closed == 1
+
+        async def restored() -> bool:
+            return await _direct_consumers(worker) == 1
+
+        await wait_for(restored, timeout=30)
+        await publisher.publish(queue_name, {"n": 2}, message_id="after-reconnect")
+
+        async def committed() -> bool:
+            return await _effects(db, "after-reconnect") == 1
+
+        await wait_for(committed, timeout=30)
+    assert seen == ["after-reconnect"]
