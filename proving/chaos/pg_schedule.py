@@ -66,7 +66,10 @@ class PgFaults:
     switchovers: int = 0
     standby_stops: int = 0
     failovers: int = 0  # leader changes
-    moments: list[float] = field(default_factory=list)  # wall-clock time of each leader loss
+    # Wall-clock time inside each leader change's pause in commits: a kill's
+    # moment (commits hang from the senders' pause on), a switchover's end
+    # (the old primary stopped taking commits before it).
+    moments: list[float] = field(default_factory=list)
     election_s: list[float] = field(default_factory=list)  # kill to a new leader
 
 
@@ -115,8 +118,8 @@ async def _kill_primary(cluster: PatroniCluster, faults: PgFaults) -> None:
 
 
 async def _switchover(cluster: PatroniCluster, faults: PgFaults) -> None:
-    faults.moments.append(time.time())
     old, new = await cluster.switchover()
+    faults.moments.append(time.time())
     faults.switchovers += 1
     faults.failovers += 1
     say(f"switchover {faults.switchovers}: {old.name} -> {new.name}")
