@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from proving.chaos.patroni import kill_leftovers
+from proving.chaos.pg_figures import largest_gaps
 from proving.chaos.pg_schedule import PG_FAILOVER_CI
 from tests.support import run_to_end
 
@@ -70,3 +71,13 @@ def test_pg_failover_ci_profile_loses_no_acked_effect_across_primary_kills() -> 
     assert figures["switchovers"] == PG_FAILOVER_CI.switchovers, failed
     assert figures["standby_stops"] == PG_FAILOVER_CI.standby_stops, failed
     assert run.returncode == 0, failed
+
+
+def test_a_faults_pause_is_found_whether_commits_stop_before_or_after_its_first_act() -> None:
+    # A commit a second, but for two pauses: 3 to 15 and 41 to 52.
+    commits = [float(t) for t in [*range(4), *range(15, 42), *range(52, 60)]]
+    windows = [
+        (3.5, 12.0),  # synchronous: the commits hung from 3.0, before the kill
+        (39.5, 45.0),  # asynchronous: they went on past the first act, then 11 s
+    ]
+    assert largest_gaps(commits, windows) == [12.0, 11.0]

@@ -23,23 +23,19 @@
       202 whose message row is absent (a job it accepted that never reached
       its queue is lost)
 
-`failovers` counts leader changes. Each fault's pause is the gap, on the
-final primary's effect rows (`applied_at`), between the last effect before
-the fault and the first after it: what the workers saw of the failover.
+`failovers` counts leader changes. Each one's pause (proving.chaos.pg_figures)
+is the longest gap between commits around it, twice: on the final
+primary's effect rows (`applied_at`) and in the workers' own commit lines,
+which is the failover as the workers saw it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
-import contextlib
-import datetime
-import json
 import logging
 import random
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aio_pika
 import asyncpg
@@ -47,11 +43,12 @@ import asyncpg
 from consumers import AmqpSettings
 from consumers.broker.topology import declare
 from dedupe import migrate
-from proving.chaos.app import EFFECTS_TABLE, LOCAL_QUEUE, app, follows_up
+from proving.chaos.app import EFFECTS_TABLE, app, follows_up
 from proving.chaos.checker import count_stuck, count_unpublished, effect_counts, followup_counts
 from proving.chaos.deadletters import DeadLetterWatcher
 from proving.chaos.fleet import RELAY_COMMAND, Fleet
 from proving.chaos.patroni import PatroniCluster, new_workdir
+from proving.chaos.pg_figures import acked_keys, commit_stamps, largest_gaps
 from proving.chaos.pg_ingress import (
     INGRESS_QUEUE,
     IngressLoad,
@@ -68,7 +65,6 @@ from proving.chaos.services import PrivateRabbit, ServiceError, remove_tree
 from proving.chaos.workload import JobKind, ResilientPublisher, plan
 from proving.deadlines import ANSWER_S, within
 
-ACKED = ('"effect_committed"', '"duplicate_ignored"')
 FIRST_EFFECT_S = 120.0  # for the workers to start and commit
 
 
@@ -93,40 +89,6 @@ class PgOutcome:
     @property
     def ok(self) -> bool:
         return not (self.lost or self.doubled or self.stuck or self.acked_but_missing)
-
-
-def acked_keys(log_dir: Path) -> set[tuple[str, str]]:
-    """(tenant, message_id) of every message a worker logged as acked."""
-    keys: set[tuple[str, str]] = set()
-    for path in log_dir.glob("worker-*.log"):
-        for line in path.read_text(errors="replace").splitlines():
-            if any(mark in line for mark in ACKED) and LOCAL_QUEUE in line:
-                with contextlib.suppress(ValueError):
-                    record = json.loads(line)
-                    keys.add((str(record.get("tenant", "")), str(record["message_id"])))
-    return keys
-
-
-def commit_gaps(log_dir: Path, moments: list[float]) -> list[float]:
-    """Per fault: the workers' last commit before it to their first after it, s.
-
-    From the workers' own `effect_committed` lines (logged once COMMIT
-    returned): the failover as the workers saw it.
-    """
-    stamps = []
-    for path in log_dir.glob("worker-*.log"):
-        for line in path.read_text(errors="replace").splitlines():
-            if '"effect_committed"' in line:
-                with contextlib.suppress(ValueError, KeyError):
-                    when = datetime.datetime.fromisoformat(json.loads(line)["timestamp"])
-                    stamps.append(when.timestamp())
-    stamps.sort()
-    gaps = []
-    for moment in moments:
-        at = bisect.bisect_right(stamps, moment)
-        if 0 < at < len(stamps):
-            gaps.append(stamps[at] - stamps[at - 1])
-    return gaps
 
 
 async def _prepare(cluster: PatroniCluster, rabbit: PrivateRabbit) -> str:
@@ -160,20 +122,13 @@ async def _first_effect(probe: _Probe, patience: float) -> None:
         await asyncio.sleep(0.2)
 
 
-async def _pauses(conn: asyncpg.Connection, moments: list[float]) -> list[float]:
-    """Per fault (wall-clock time): last effect before it to first effect after it, s."""
-    pauses = []
-    for moment in moments:
-        at = datetime.datetime.fromtimestamp(moment, tz=datetime.UTC)
-        row = await conn.fetchrow(
-            "SELECT (SELECT max(applied_at) FROM chaos_effects WHERE applied_at <= $1),"
-            " (SELECT min(applied_at) FROM chaos_effects WHERE applied_at > $1)",
-            at,
-            timeout=ANSWER_S,
-        )
-        if row is not None and row[0] is not None and row[1] is not None:
-            pauses.append((row[1] - row[0]).total_seconds())
-    return pauses
+async def _effect_stamps(conn: asyncpg.Connection) -> list[float]:
+    """When each effect on the final primary was applied (its transaction's start), sorted."""
+    rows = await conn.fetch(
+        "SELECT extract(epoch FROM applied_at)::float8 FROM chaos_effects ORDER BY 1",
+        timeout=ANSWER_S,
+    )
+    return [row[0] for row in rows]
 
 
 async def run_pg_failover(
@@ -286,7 +241,7 @@ async def run_pg_failover(
             effects = await effect_counts(conn)
             followups = await followup_counts(conn)
             unpublished = await count_unpublished(conn)
-            pauses = await _pauses(conn, faults.moments)
+            pauses = largest_gaps(await _effect_stamps(conn), faults.windows)
             ingress_missing = await missing_rows(conn, ingress.accepted)
         finally:
             await conn.close()
@@ -308,7 +263,7 @@ async def run_pg_failover(
             acked=len(acked),
             acked_but_missing=sum(1 for k in acked if effects.get(k, 0) == 0) + ingress_missing,
             pauses_s=pauses,
-            commit_gaps_s=commit_gaps(workdir / "logs", faults.moments),
+            commit_gaps_s=largest_gaps(commit_stamps(workdir / "logs"), faults.windows),
             elapsed_s=time.monotonic() - started,
         )
         ok = outcome.ok

@@ -66,10 +66,9 @@ class PgFaults:
     switchovers: int = 0
     standby_stops: int = 0
     failovers: int = 0  # leader changes
-    # Wall-clock time inside each leader change's pause in commits: a kill's
-    # moment (commits hang from the senders' pause on), a switchover's end
-    # (the old primary stopped taking commits before it).
-    moments: list[float] = field(default_factory=list)
+    # Per leader change, wall-clock (first act, new leader seen): where its
+    # pause in commits is looked for (proving.chaos.pg_figures.largest_gaps).
+    windows: list[tuple[float, float]] = field(default_factory=list)
     election_s: list[float] = field(default_factory=list)  # kill to a new leader
 
 
@@ -96,17 +95,18 @@ def _walsenders(m: Member) -> list[int]:
 
 async def _kill_primary(cluster: PatroniCluster, faults: PgFaults) -> None:
     leader = await cluster.wait_leader()
+    first_act = time.time()
     paused = _walsenders(leader)
     for pid in paused:  # the replicas fall behind: commits that do not wait for them race ahead
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)
     await asyncio.sleep(LAG_BEFORE_KILL_S)
-    faults.moments.append(time.time())
     began = time.monotonic()
     # The paused senders die stopped, with their postmaster: they send nothing more.
     await cluster.kill(leader, also=paused)
     new = await cluster.wait_leader(other_than=leader, patience=90)
     faults.election_s.append(time.monotonic() - began)
+    faults.windows.append((first_act, time.time()))
     faults.primary_kills += 1
     faults.failovers += 1
     say(
@@ -118,8 +118,9 @@ async def _kill_primary(cluster: PatroniCluster, faults: PgFaults) -> None:
 
 
 async def _switchover(cluster: PatroniCluster, faults: PgFaults) -> None:
+    first_act = time.time()
     old, new = await cluster.switchover()
-    faults.moments.append(time.time())
+    faults.windows.append((first_act, time.time()))
     faults.switchovers += 1
     faults.failovers += 1
     say(f"switchover {faults.switchovers}: {old.name} -> {new.name}")
