@@ -196,3 +196,16 @@ async def harness(
             channel=channel,
             logs=logs,
         )
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the `slow` tests take turns on one worker.
+
+    Each starts services of its own (a RabbitMQ cluster, a Patroni cluster, the
+    chaos run's node and PostgreSQL): one at a time they leave the other worker
+    a core for the rest of the suite (`make test` runs `-n 2 --dist loadgroup`).
+    """
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group("heavy"))
