@@ -26,8 +26,6 @@ from tests.conftest import AMQP_URL
 from tests.providers.pushes import apns_push_app, requested, sent
 from tests.support import close_broker_connections, no_message_ready, wait_for
 
-pytestmark = pytest.mark.timeout(60)
-
 MESSAGES = 6
 LONG_HOLD = 60.0  # nothing goes out alone during a test that does not wait for it
 

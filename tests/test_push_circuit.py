@@ -14,8 +14,6 @@ from providers.fakes.fcm import FakeFcm, FcmReply
 from tests.apps.push_app import FAST_RETRY
 from tests.support import wait_for
 
-pytestmark = pytest.mark.timeout(120)
-
 JOBS = 20
 PROBE = 0.5
 

@@ -5,16 +5,12 @@ from __future__ import annotations
 import statistics
 import time
 
-import pytest
-
 from consumers import Publisher, Settings, Worker, push_job_body
 from dedupe import DbConnection
 from providers import Platform, Target
 from providers.fakes.apns import FakeApns
 from tests.providers.pushes import apns_push_app, requested, sent
 from tests.support import wait_for
-
-pytestmark = pytest.mark.timeout(120)
 
 FAST_JOBS = 200
 TIMEOUT = 5.0  # the silent device's send ends only at the provider's timeout

@@ -38,8 +38,6 @@ from tests.apps.push_app import FAST_RETRY
 from tests.harness import Harness
 from tests.support import settle, wait_for
 
-pytestmark = pytest.mark.timeout(120)
-
 DEVICES = 40
 LATENCY = 0.5  # the provider's answer time
 IN_FLIGHT = 4  # FCM threads; APNs streams on its one connection

@@ -26,8 +26,6 @@ from tests.apps.push_app import FAST_RETRY
 from tests.harness import Harness
 from tests.support import WorkerProcess, wait_for
 
-pytestmark = pytest.mark.timeout(120)
-
 DEVICES = 400
 LATENCY = 1.5
 TIMEOUT = 4.0

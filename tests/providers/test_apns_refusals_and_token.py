@@ -18,8 +18,6 @@ from providers.apns_token import ApnsToken
 from providers.fakes.apns import ApnsReply, FakeApns
 from tests.providers.pushes import push_to, send_or_error
 
-pytestmark = pytest.mark.timeout(30)
-
 
 async def test_refused_stream_is_transient_never_unknown(
     apns: ApnsProvider, fake_apns: FakeApns

@@ -23,8 +23,6 @@ from providers.fakes.apns import FakeApns
 from tests.providers.pushes import ids_for, push_to, send_or_error
 from tests.support import wait_for
 
-pytestmark = pytest.mark.timeout(30)
-
 
 async def test_a_dropped_connection_fails_in_flight_requests_without_resending(
     apns: ApnsProvider, fake_apns: FakeApns

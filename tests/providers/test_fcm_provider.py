@@ -21,8 +21,6 @@ from providers import (
 from providers.fakes.fcm import FakeFcm
 from tests.providers.pushes import fcm_push, ids_for
 
-pytestmark = pytest.mark.timeout(30)
-
 
 async def test_success_records_the_message_name_and_sets_collapse_ids(
     fcm: FcmProvider, fake_fcm: FakeFcm

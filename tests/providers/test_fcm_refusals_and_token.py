@@ -16,8 +16,6 @@ from providers import (
 from providers.fakes.fcm import FakeFcm
 from tests.providers.pushes import fcm_push, send_or_error
 
-pytestmark = pytest.mark.timeout(60)
-
 
 async def test_one_access_token_is_shared_by_every_thread(fake_fcm: FakeFcm) -> None:
     provider = FcmProvider(fake_fcm.settings(max_workers=32))

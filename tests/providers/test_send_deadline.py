@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
-
 from providers import (
     ApnsProvider,
     FcmProvider,
@@ -22,8 +20,6 @@ from providers import (
 )
 from providers.fakes.apns import ApnsReply, FakeApns
 from providers.fakes.fcm import FakeFcm, FcmReply
-
-pytestmark = pytest.mark.timeout(30)
 
 SENDS = 20
 LATENCY = 0.3

@@ -5,13 +5,10 @@ from __future__ import annotations
 import re
 import uuid
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from providers import send_ids
-
-pytestmark = pytest.mark.timeout(60)
 
 keys = st.text(min_size=1, max_size=300)
 tokens = st.text(alphabet="0123456789abcdef", min_size=1, max_size=200)
