@@ -70,18 +70,23 @@ async def test_a_revoked_key_is_refused_within_the_key_cache_time(
         httpx.AsyncClient(base_url=served.url, timeout=30) as http,
     ):
         auth = {"Authorization": f"Bearer {served.key}"}
+        loop = asyncio.get_running_loop()
         first = await http.post("/v1/messages", json={**JOB, "idempotency_key": "a"}, headers=auth)
-        assert first.status_code == 202  # known now: cached for CACHE_S
+        cached_by = loop.time()  # the key was read, and cached for CACHE_S, before this
+        assert first.status_code == 202
         revoked = api_key(schema, "revoke", key_hash(served.key).hex()[:12])
         assert revoked.returncode == 0, revoked.stdout + revoked.stderr
-        loop = asyncio.get_running_loop()
-        at = loop.time()
-        deadline = at + CACHE_S + 10  # the 10 s: a busy machine's request time, not a promise
-        while (await http.get("/v1/messages/x", headers=auth)).status_code != 401:
+        deadline = loop.time() + CACHE_S + 10  # the 10 s: a busy machine's request time
+        admitted_last = cached_by
+        while True:
+            started = loop.time()
+            if (await http.get("/v1/messages/x", headers=auth)).status_code == 401:
+                break
+            admitted_last = started
             assert loop.time() < deadline, "the revoked key still works past the cache time"
             await asyncio.sleep(0.05)
-        took = loop.time() - at
-    assert took <= CACHE_S + 2.0, took
+    # Every request that started past the cache time read the key again and found it revoked.
+    assert admitted_last <= cached_by + CACHE_S, admitted_last - cached_by
     assert "no key" in api_key(schema, "revoke", key_hash(served.key).hex()[:12]).stdout
     assert api_key(schema, "revoke", "zz").returncode == 1
 

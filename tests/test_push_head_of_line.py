@@ -13,11 +13,14 @@ from tests.providers.pushes import apns_push_app, requested, sent
 from tests.support import wait_for
 
 FAST_JOBS = 200
-TIMEOUT = 5.0  # the silent device's send ends only at the provider's timeout
-P99_LIMIT = 2.0
+TIMEOUT = 10.0  # the silent device's send ends only at the provider's timeout
+# A fast job held behind the silent one would wait for that timeout; one that is not
+# is recorded as fast as the machine goes, so half the timeout tells the two apart
+# on a loaded machine as on a quiet one.
+P99_LIMIT = TIMEOUT / 2
 
 
-async def test_200_fast_jobs_behind_a_silent_device_are_recorded_within_2_s_at_p99(
+async def test_200_fast_jobs_behind_a_silent_device_are_recorded_before_its_timeout(
     db: DbConnection,
     queue_name: str,
     publisher: Publisher,
