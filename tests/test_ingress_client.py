@@ -27,7 +27,7 @@ class Sleeps:
 
 def client(url: str, sleeps: Sleeps, **backoff: Any) -> SendClient:
     return SendClient(
-        url, api_key="k", timeout_seconds=0.5, backoff=Backoff(**backoff), sleep=sleeps
+        url, api_key="k", timeout_seconds=3.0, backoff=Backoff(**backoff), sleep=sleeps
     )
 
 
