@@ -14,24 +14,29 @@ The suite runs a CI-sized send; the issue's size is a command:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import pytest
 
 from consumers import App, Publisher, Settings, publish_push_job, push_job_body
-from dedupe import DbConnection
+from consumers.push.lease import Lease
+from dedupe import DbConnection, DedupeKey, SendLedger
 from providers import FcmProvider, Platform, Provider, Target
 from providers.fakes.apns import FakeApns
 from providers.fakes.env import fakes_env
 from providers.fakes.fcm import FakeFcm, FcmReply
 from proving.chaos.proxy import FaultProxy
+from proving.deadlines import ANSWER_S, within
 from tests.apps.push_app import FAST_RETRY
 from tests.conftest import AMQP_URL, DATABASE_URL
 from tests.harness import Harness
@@ -174,22 +179,60 @@ async def test_a_worker_whose_lease_renewal_fails_starts_no_send_after_its_lease
 
             await wait_for(renewed_once, timeout=30)
             held_at = time.monotonic()  # no renewal can start after this and succeed
-            await pg_proxy.hold(HELD_LEASE * 2)
-            late = [r for r in fcm.requests if r.received_at > held_at + HELD_LEASE]
+            # Four leases of silence: a renewal caught on the held connection, or
+            # waiting behind a recording caught there, is lost at its lease's end,
+            # while the connection is still held; not when the hold ends and the
+            # connection is given back.
+            hold = asyncio.create_task(pg_proxy.hold(HELD_LEASE * 4))
 
-            # A renewal caught waiting on the held connection is lost when that
-            # connection is given up, at the hold's end; one that waited for the
-            # batch's write lock, at the lease's end. Either way no send started
-            # after the lease (`late`), and the loss is said.
             async def renewal_lost() -> bool:
                 return any(e["event"] == "push_lease_lost" for e in harness.logs)
 
             try:
-                await wait_for(renewal_lost, timeout=HELD_LEASE * 4)
+                await wait_for(renewal_lost, timeout=HELD_LEASE * 3)
             except AssertionError:
                 events = Counter(str(e["event"]) for e in harness.logs)
                 raise AssertionError(
-                    f"the renewal never failed: the test proved nothing; events: {dict(events)}"
+                    f"no loss said within 3 leases of a 4-lease hold ({hold.done()=}):"
+                    f" a renewal waited on its stuck connection; events: {dict(events)}"
                 ) from None
+            finally:
+                await hold
+            late = [r for r in fcm.requests if r.received_at > held_at + HELD_LEASE]
     assert late == [], f"{len(late)} sends started after the lease could have expired"
     assert len({r.token for r in fcm.requests}) == len(fcm.requests)
+
+
+async def test_a_renewal_on_a_connection_that_stopped_answering_is_lost_at_the_leases_end(
+    db: DbConnection, schema: str, pg_proxy: FaultProxy
+) -> None:
+    """The renewal's statement is cancelled at the lease's end, but asyncpg gives its
+    connection back to the pool only once the reset gets through: the loss is said
+    at the lease's end all the same, not when the connection answers again."""
+    lease_seconds = 1.0
+    pool = await asyncpg.create_pool(
+        _through(DATABASE_URL, pg_proxy), min_size=1, max_size=1, timeout=ANSWER_S
+    )
+    try:
+        lease = Lease(
+            SendLedger(schema, owner="stuck"),
+            expires_at=datetime.now(UTC),
+            ends=time.monotonic() + lease_seconds,
+            lease_seconds=lease_seconds,
+        )
+        key = DedupeKey(consumer="q", tenant="", message_id="stuck-1")
+        hold = asyncio.create_task(pg_proxy.hold(lease_seconds * 5))
+
+        async def silent() -> bool:
+            return pg_proxy.holding
+
+        await wait_for(silent, timeout=ANSWER_S)
+        began = time.monotonic()
+        renewal = lease.extend(pool, asyncio.Lock(), lambda: {key: 1})
+        await within(lease_seconds * 4, "the renewal's end", renewal)
+        waited = time.monotonic() - began
+        assert lease.lost and not hold.done(), "the loss waited for the connection to answer"
+        assert waited <= lease_seconds * 2, f"lost {waited:.2f} s into a {lease_seconds} s lease"
+        await hold
+    finally:
+        await within(ANSWER_S * 2, "the pool's close", pool.close())

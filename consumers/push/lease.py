@@ -37,6 +37,9 @@ from providers import PlatformRouter, Provider
 
 log = structlog.get_logger(__name__)
 
+# Renewals given up at their lease's end, still giving their connection back.
+_outliving: set[asyncio.Task[object]] = set()
+
 LEASE_MARGIN = 0.1  # of the lease, kept at its end to record the last answers
 EXTEND_EVERY = 0.1  # of the lease: how often a held lease is renewed
 RENEWAL_ALLOWANCE = 0.1  # of the lease: what a renewal itself may take, on time
@@ -66,6 +69,13 @@ def check_lease(queue: str, lease_seconds: float, provider: Provider) -> None:
                 f" a send, {one.name} needs {one.answer_seconds:g} s (its timeouts): set"
                 f" lease_seconds to at least {least:.1f}, or lower {one.name}'s timeout_seconds"
             )
+
+
+def _outlived(renewal: asyncio.Task[object]) -> None:
+    """A renewal given up has ended: its error, if any, was the lease's loss already."""
+    _outliving.discard(renewal)
+    if not renewal.cancelled():
+        renewal.exception()  # retrieved: asyncio would log it as never retrieved
 
 
 class Lease:
@@ -98,23 +108,38 @@ class Lease:
         `writes` is the batch's lock on its ledger writes: what `held()` says is
         what the ledger holds while it is taken. Waiting for it counts against
         the lease: a renewal stuck behind a recording the database does not
-        answer fails when the lease ends."""
+        answer fails when the lease ends.
+
+        The renewal runs in a task of its own and is waited for until the lease
+        ends, no longer: a statement on a connection that stopped answering is
+        cancelled, but its connection goes back to the pool only once the
+        pool's reset gets through (asyncpg), and a wait for that would record
+        the loss as late as the connection comes back. The lease is lost at its
+        end; the task finishes giving its connection back on its own."""
         if self.lost:
             return
         started = time.monotonic()
         self._last = started
+        renewal = asyncio.create_task(self._renew(pool, writes, held))
         try:
-            async with asyncio.timeout(max(0.0, self.ends - started)), writes:
-                rows = held()
-                if not rows:
-                    return
-                async with pool.acquire() as conn, dropped_if_demoted(conn):
-                    expiry, renewed = await self.ledger.extend(
-                        conn, list(rows), self.expires_at, self.lease_seconds
-                    )
+            done, _ = await asyncio.wait({renewal}, timeout=max(0.0, self.ends - started))
+        except asyncio.CancelledError:  # the batch holds nothing more
+            renewal.cancel()
+            raise
+        if not done:  # step 3: no answer within the lease's remainder
+            renewal.cancel()
+            _outliving.add(renewal)
+            renewal.add_done_callback(_outlived)
+            self._lose(f"no answer within the lease's {self.ends - started:.2f} s left")
+            return
+        try:
+            answer = renewal.result()
         except Exception as exc:  # step 3: any failure ends the lease here
             self._lose(f"{type(exc).__name__}: {exc}")
             return
+        if answer is None:  # nothing held: nothing to renew
+            return
+        rows, expiry, renewed = answer
         short = {key: n for key, n in rows.items() if renewed.get(key, 0) < n}
         if short:
             self._lose(f"{len(short)} jobs' rows not renewed (lapsed or taken over)")
@@ -123,6 +148,20 @@ class Lease:
         self.ends = started + self.lease_seconds
         self.renewed.set()
         self.renewed.clear()
+
+    async def _renew(
+        self, pool: asyncpg.Pool, writes: asyncio.Lock, held: Callable[[], Mapping[DedupeKey, int]]
+    ) -> tuple[Mapping[DedupeKey, int], datetime, Mapping[DedupeKey, int]] | None:
+        """One renewal statement under the batch's write lock: what was held and renewed."""
+        async with writes:
+            rows = held()
+            if not rows:
+                return None
+            async with pool.acquire() as conn, dropped_if_demoted(conn):
+                expiry, renewed = await self.ledger.extend(
+                    conn, list(rows), self.expires_at, self.lease_seconds
+                )
+        return rows, expiry, renewed
 
     async def keep(
         self, pool: asyncpg.Pool, writes: asyncio.Lock, held: Callable[[], Mapping[DedupeKey, int]]

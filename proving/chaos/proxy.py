@@ -98,6 +98,11 @@ class FaultProxy:
     def connections(self) -> int:
         return len(self._links)
 
+    @property
+    def holding(self) -> bool:
+        """Whether a hold (`hold()`) is stopping the traffic now."""
+        return not self._holding.is_set()
+
     # -- faults ---------------------------------------------------------
 
     def reset(self) -> int:
