@@ -19,8 +19,10 @@ from typing import Any
 import structlog
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.config import LifespanType
 
 from consumers import Settings
+from consumers.telemetry.failed_start import START_FAILURES, start_failed
 from ingress.api import create_app
 from ingress.key_commands import api_key_main
 from ingress.protocol import HeadLimits, guarded
@@ -67,23 +69,46 @@ def run(main: Coroutine[Any, Any, int]) -> int:
 
 
 async def serve(ingress: IngressSettings, app: FastAPI) -> int:
-    """Serve `app` until SIGTERM or SIGINT: stop accepting, finish what is in flight, exit 0."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((ingress.host, ingress.port))
-    host, port = sock.getsockname()[:2]
-    server = _Server(server_config(app, ingress))
+    """Serve `app` until SIGTERM or SIGINT: stop accepting, finish what is in flight, exit 0.
+
+    The app's lifespan (the pool, the schema check) runs here, around the
+    server, rather than inside uvicorn, which would log a failed start as a
+    traceback: a start the database or the port failed is one `start_failed`
+    line and EXIT_START_FAILED, as for `run`.
+    """
+    server = _Server(server_config(app, ingress, lifespan="off"))  # the lifespan: below
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop_soon)
-    # A line a parent process (tests, bench, demo) waits for: the port is chosen now.
-    print(f"serve: listening on http://{host}:{port}", flush=True)
-    log.info("ingress_listening", host=host, port=port, queue=ingress.queue)
-    await server.serve(sockets=[sock])
+    async with contextlib.AsyncExitStack() as started:
+        try:
+            sock = started.enter_context(_bound(ingress))
+            await started.enter_async_context(app.router.lifespan_context(app))
+        except START_FAILURES as error:
+            return start_failed(error)
+        host, port = sock.getsockname()[:2]
+        # A line a parent process (tests, bench, demo) waits for: the port chosen, the pool open.
+        print(f"serve: listening on http://{host}:{port}", flush=True)
+        log.info("ingress_listening", host=host, port=port, queue=ingress.queue)
+        await server.serve(sockets=[sock])
     return 0
 
 
-def server_config(app: FastAPI, ingress: IngressSettings) -> uvicorn.Config:
+def _bound(ingress: IngressSettings) -> socket.socket:
+    """The server's socket, bound to IW_INGRESS_HOST and IW_INGRESS_PORT (0: any free port)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((ingress.host, ingress.port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def server_config(
+    app: FastAPI, ingress: IngressSettings, *, lifespan: LifespanType = "auto"
+) -> uvicorn.Config:
     """uvicorn on httptools, with the head limits uvicorn lacks (`ingress.protocol`)."""
     limits = HeadLimits(
         max_header_bytes=ingress.max_header_bytes,
@@ -92,6 +117,7 @@ def server_config(app: FastAPI, ingress: IngressSettings) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         http=guarded(limits),
+        lifespan=lifespan,
         access_log=False,
         log_config=None,
         timeout_graceful_shutdown=10,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import socket
 
-from consumers.runtime.process import EXIT_START_FAILED
+from consumers.telemetry.failed_start import EXIT_START_FAILED
 from tests.conftest import Spawn
 
 

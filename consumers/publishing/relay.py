@@ -67,6 +67,7 @@ from consumers.publishing.publisher import (
     Unroutable,
 )
 from consumers.settings import RelaySettings, Settings
+from consumers.telemetry.failed_start import START_FAILURES, start_failed
 from dedupe import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure, check_schema, quote_ident
 from dedupe.lost import drop_if_demoted
 
@@ -307,14 +308,21 @@ class Relay:
 
 
 async def run_relay(settings: Settings, *, faults: Faults = NO_FAULTS) -> int:
-    """Relay until SIGTERM or SIGINT; the batches in flight finish first. Exit status 0."""
+    """Relay until SIGTERM or SIGINT; the batches in flight finish first. Exit status 0.
+
+    A start a service failed (PostgreSQL or RabbitMQ not answering) is one
+    `start_failed` line and EXIT_START_FAILED, as for `run`.
+    """
     relay = Relay(settings, faults=faults)
     stop_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_requested.set)
     try:
-        await relay.start()
+        try:
+            await relay.start()
+        except START_FAILURES as error:
+            return start_failed(error)
         await stop_requested.wait()
     finally:
         await relay.stop()

@@ -8,8 +8,9 @@
    past its deadline plus the grace ends the process, non-zero;
 4. start the worker, consume until the signal, stop it (settle, ack, close).
    A start a service failed exits EXIT_START_FAILED (3: a restart may cure
-   it); one the configuration refuses (a queue that exists with other
-   arguments) exits EXIT_CONFIG (78) with one `start_failed` line.
+   it) with one `start_failed` line (`consumers.telemetry.failed_start`, as
+   `relay` and `serve` do); one the configuration refuses (a queue that
+   exists with other arguments) exits EXIT_CONFIG (78) with one such line.
 
 Under a supervisor (`run --processes N`) the same runs in each child, without
 a port of its own: its metrics and health go to the supervisor through
@@ -22,13 +23,10 @@ import asyncio
 import gc
 import signal
 
-import aio_pika
-import aiormq
 import structlog
 
 from consumers.broker.conflicts import TopologyConflict
 from consumers.handlers.app import load_app
-from consumers.message.verdict import error_text
 from consumers.push.lease import LeaseTooShort
 from consumers.retention.cleaner import clean_periodically
 from consumers.retention.retry_horizon import check_retention, retention_need
@@ -37,27 +35,18 @@ from consumers.runtime.watchdog import Watchdog
 from consumers.runtime.worker import Worker
 from consumers.settings import Settings
 from consumers.telemetry.endpoint import Endpoint
+from consumers.telemetry.failed_start import START_FAILURES, start_failed
 from consumers.telemetry.health import Heartbeat
 from consumers.telemetry.metrics import DedupeCollector
 from dedupe import TableStats
-from dedupe.lost import CONNECTION_ERRORS
 
 log = structlog.get_logger(__name__)
 
-# The exit status of a process whose start failed (a supervisor restarts it);
-# 0 is a stop that was asked for, a traceback's 1 a bug.
-EXIT_START_FAILED = 3
 # A start refused by the configuration (a queue that exists with other
 # arguments, a push lease under which no send could start): EX_CONFIG of
 # sysexits.h; restarting cannot cure it, so a supervisor does not restart such
 # a child and exits with it.
 EXIT_CONFIG = 78
-# What a start fails on that a restart may cure: a service down, a connection cut.
-START_FAILURES: tuple[type[BaseException], ...] = (
-    *CONNECTION_ERRORS,
-    aiormq.exceptions.AMQPConnectionError,
-    aio_pika.exceptions.ChannelInvalidStateError,
-)
 SCRAPE_READ_SECONDS = 3.0  # how long a scrape waits for the dedupe table's figures
 
 
@@ -123,8 +112,7 @@ async def run_process(target: str, settings: Settings) -> int:
             if isinstance(error := starting.exception(), START_FAILURES):
                 # A service down or a connection cut while starting (maybe with
                 # a first queue consuming already): not a stop that failed.
-                log.error("start_failed", error=error_text(error), exc_info=error)
-                return EXIT_START_FAILED
+                return start_failed(error)
             starting.result()  # any other failed start raises here
             # What exists now (modules, the app, pools, connections) lives as
             # long as the process: frozen out of the collector's sight, as

@@ -1,3 +1,3 @@
-"""Logs, Prometheus metrics, health, and the port that serves them.
+"""Logs, Prometheus metrics, health, the port that serves them, and the line of a failed start.
 
 Internal: the public names are imported by `consumers`."""

@@ -38,8 +38,8 @@ from pathlib import Path
 import structlog
 
 from consumers import CrashPoint
-from consumers.runtime.process import EXIT_START_FAILED
 from consumers.runtime.watchdog import EXIT_STUCK
+from consumers.telemetry.failed_start import EXIT_START_FAILED
 from proving.chaos.app import hang_markers
 from proving.keptlogs import TAIL_LINES, keep_log
 
