@@ -35,7 +35,7 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 
-from consumers import dead_letter_queue, tier_queue
+from consumers import AmqpSettings, dead_letter_queue, tier_queue
 from proving.chaos.app import LOCAL_QUEUE, POISON_RETRY, app
 from proving.chaos.checker import Findings, check, count_stuck, effect_counts
 from proving.chaos.cluster import ONLINE_PATIENCE_S, LocalCluster
@@ -181,7 +181,8 @@ async def run_cluster_chaos(
             f" {', '.join(f'{n.node} :{n.port}' for n in cluster.nodes)};"
             f" postgresql :{postgres.port}"
         )
-        await _prepare(postgres, cluster.nodes[0], app)
+        # The workers' default limit: this fleet does not set IW_DELIVERY_LIMIT.
+        await _prepare(postgres, cluster.nodes[0], app, AmqpSettings().delivery_limit)
         await cluster.wait_online(_queues())
         fleet.start()
         watcher.start()

@@ -35,6 +35,32 @@ class Profile:
     handler_timeouts: int = 0
     hangs: int = 0
 
+    def channel_closes(self) -> int:
+        """The most times one delivery can be handed back by a closed channel in a run.
+
+        A delivery is held by one worker at a time, so each fault that closes
+        channels returns it at most once: a worker killed (SIGKILL, a crash
+        point, a hang's watchdog exit), SIGTERMed (a round stops each worker
+        once), or every worker's connection reset, held until it drops, or
+        lost with the broker. A quorum queue counts each return toward its
+        delivery-limit, whether a handler ever started on the delivery or not
+        (docs/concepts.md); the chaos fleet's limit is set above this, so a
+        job dead-lettered by the broker is a defect, never the schedule's
+        arithmetic.
+        """
+        per_worker = self.faults.get(K.SIGTERM, 0) * self.workers
+        once = (
+            K.SIGKILL,
+            K.CRASH_BEFORE_COMMIT,
+            K.CRASH_AFTER_COMMIT,
+            K.CRASH_AFTER_SEND,
+            K.RABBITMQ_RESTART,
+            K.RABBITMQ_KILL,
+            K.AMQP_RESET,
+            K.AMQP_HOLD,
+        )
+        return per_worker + self.hangs + sum(self.faults.get(kind, 0) for kind in once)
+
 
 CI = Profile(
     name="ci",

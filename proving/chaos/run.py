@@ -101,7 +101,9 @@ def say(text: str) -> None:
     print(f"chaos: {text}", flush=True)
 
 
-async def _prepare(postgres: PrivatePostgres, rabbit: PrivateRabbit, target: App) -> None:
+async def _prepare(
+    postgres: PrivatePostgres, rabbit: PrivateRabbit, target: App, delivery_limit: int
+) -> None:
     async with deadline(
         PREPARE_DEADLINE_S,
         "migrating the private database, declaring the queues",
@@ -117,7 +119,8 @@ async def _prepare(postgres: PrivatePostgres, rabbit: PrivateRabbit, target: App
         try:
             channel = await connection.channel()
             for spec in target.specs.values():
-                await declare(channel, spec.queue, spec.retry, AmqpSettings(urls=(rabbit.url,)))
+                amqp = AmqpSettings(urls=(rabbit.url,), delivery_limit=delivery_limit)
+                await declare(channel, spec.queue, spec.retry, amqp)
         finally:
             await connection.close()
 
@@ -180,6 +183,7 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
     pg_proxy = FaultProxy("postgresql", free_port(), postgres.port, seed=seed + 1)
     (workdir / "logs").mkdir()
     (workdir / "hangs").mkdir()
+    delivery_limit = profile.channel_closes() + 1
     services_env = {
         "AMQP_URL": f"amqp://guest:guest@127.0.0.1:{amqp_proxy.port}/",
         "DATABASE_URL": f"postgresql://postgres@127.0.0.1:{pg_proxy.port}/postgres",
@@ -192,6 +196,10 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
             **services_env,
             "IW_PREFETCH": "200",
             "IW_MAX_BATCH": "100",
+            # Above what the schedule's faults can hand a delivery back: the
+            # default 20 dead-lettered valid jobs that sat in a backlog through
+            # 20 of its worker's deaths when a busy machine slowed the drain.
+            "IW_DELIVERY_LIMIT": str(delivery_limit),
             # A hang (chaos.slow) blocks a worker for the watchdog's limit, the
             # longest deadline plus the grace: 14 s here, not the default 40.
             "IW_HANDLER_TIMEOUT": str(HANDLER_TIMEOUT_S),
@@ -262,7 +270,7 @@ async def run_chaos(profile: Profile, *, seed: int, keep: bool = False) -> Outco
         say(f"profile={profile.name} seed={seed} workdir={workdir}")
         postgres.init()
         await asyncio.gather(rabbit.start(), postgres.start())
-        await _prepare(postgres, rabbit, target)
+        await _prepare(postgres, rabbit, target, delivery_limit)
         if fakes is not None:
             await stack.enter_async_context(fakes)
             fleet.env.update(fakes.worker_env())
