@@ -37,7 +37,8 @@ def test_leaves_do_not_import_consumers() -> None:
 
 # What the applications of the framework (ingress, proving) still take from its
 # inside: the topology for the chaos and demo set-ups, exit codes a supervisor
-# test reads, the relay's entry point, the push job's limits and its split into
+# test reads, the line and exit status of a failed start (`serve` ends as `run`
+# does), the relay's entry point, the push job's limits and its split into
 # parts (the send API stores a large send as the publisher would split it), a
 # dead letter's header, the worker's own delivery object (the bench's stopwatch
 # times it as it times aio-pika's). Everything else comes through `consumers`'
@@ -47,6 +48,7 @@ INTERNAL_IMPORTS_ALLOWED = {
     "consumers.broker.topology",
     "consumers.runtime.watchdog",
     "consumers.runtime.process",
+    "consumers.telemetry.failed_start",
     "consumers.push.job",
     "consumers.push.parts",
     "consumers.publishing.relay",
