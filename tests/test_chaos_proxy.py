@@ -8,7 +8,6 @@ never touched.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
@@ -19,15 +18,9 @@ import pytest
 from consumers import Publisher
 from dedupe import DbConnection, quote_ident
 from proving.chaos.proxy import FaultProxy
+from proving.chaos.services import free_port
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
 from tests.support import drain_dead_letters, settle, wait_for
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _through(url: str, proxy: FaultProxy) -> str:
@@ -41,7 +34,7 @@ async def _proxy_to(url: str, name: str, default_port: int) -> FaultProxy:
     parts = urlsplit(url)
     proxy = FaultProxy(
         name,
-        _free_port(),
+        free_port(),
         parts.port or default_port,
         upstream_host=parts.hostname or "127.0.0.1",
     )

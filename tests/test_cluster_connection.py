@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-import socket
 import uuid
 from pathlib import Path
 
@@ -24,16 +23,9 @@ from consumers.broker.connection import (
 )
 from dedupe import DbConnection
 from proving.chaos.proxy import FaultProxy
-from proving.chaos.services import PrivateRabbit
+from proving.chaos.services import PrivateRabbit, free_port
 from tests.conftest import AMQP_URL
 from tests.support import wait_for
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _via(port: int) -> str:
@@ -50,7 +42,7 @@ def test_amqp_url_takes_a_comma_separated_list_and_url_is_the_first() -> None:
 
 
 async def test_connect_skips_an_address_that_does_not_answer() -> None:
-    dead = _via(_free_port())  # nothing listens there
+    dead = _via(free_port())  # nothing listens there
     connection = await connect([dead, AMQP_URL], name="test: skips a dead address")
     try:
         assert isinstance(connection, ClusterConnection)
@@ -68,8 +60,8 @@ async def test_worker_moves_to_the_next_address_when_its_node_goes_away(
 ) -> None:
     """Two addresses (proxies to one broker): the first vanishes mid-run, nothing is lost."""
     upstream = URL(AMQP_URL).port or 5672
-    first = FaultProxy("first", _free_port(), upstream)
-    second = FaultProxy("second", _free_port(), upstream)
+    first = FaultProxy("first", free_port(), upstream)
+    second = FaultProxy("second", free_port(), upstream)
     await first.start()
     await second.start()
     app = App(retry=retry_policy)
@@ -120,13 +112,13 @@ async def test_refused_addresses_are_tried_round_the_list_with_jittered_growing_
     """Both addresses gone: the next one each time, waits within the backoff bound, then back."""
     rabbit = PrivateRabbit(
         tmp_path / "rabbit",
-        _free_port(),
-        _free_port(),
+        free_port(),
+        free_port(),
         node=f"iwconn-{os.getpid()}-{uuid.uuid4().hex[:6]}@localhost",
     )
     await rabbit.start()
-    first = FaultProxy("first", _free_port(), rabbit.port)
-    second = FaultProxy("second", _free_port(), rabbit.port)
+    first = FaultProxy("first", free_port(), rabbit.port)
+    second = FaultProxy("second", free_port(), rabbit.port)
     await first.start()
     await second.start()
     urls = [f"amqp://guest:guest@127.0.0.1:{p}/" for p in (first.port, second.port)]

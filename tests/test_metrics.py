@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable
 from urllib.parse import urlsplit, urlunsplit
 
@@ -14,6 +13,7 @@ from dedupe import DbConnection, Outbox
 from providers import FcmProvider, Platform, Provider, Target
 from providers.fakes.fcm import FakeFcm, FcmReply
 from proving.chaos.proxy import FaultProxy
+from proving.chaos.services import free_port
 from tests.apps.push_app import FAST_RETRY
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
 from tests.support import WorkerProcess, http_get, scrape, settle, wait_declared, wait_for
@@ -88,18 +88,11 @@ async def test_scrape_after_a_known_workload_shows_the_exact_counts(
     assert await db.fetchval("SELECT count(*) FROM effects") == 20
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def test_readyz_turns_not_ready_while_postgresql_is_unreachable_and_ready_after(
     db: DbConnection, queue_name: str, publisher: Publisher, spawn: Spawn
 ) -> None:
     upstream = urlsplit(DATABASE_URL)
-    proxy = FaultProxy("postgresql", _free_port(), upstream.port or 5432)
+    proxy = FaultProxy("postgresql", free_port(), upstream.port or 5432)
     await proxy.start()
     auth = upstream.netloc.rsplit("@", 1)[0] + "@" if "@" in upstream.netloc else ""
     through = urlunsplit(upstream._replace(netloc=f"{auth}127.0.0.1:{proxy.port}"))

@@ -22,8 +22,7 @@ import asyncpg
 import pytest
 
 from dedupe import DbConnection
-from proving.chaos.run import free_port
-from proving.chaos.services import PrivatePostgres, remove_tree
+from proving.chaos.services import PrivatePostgres, free_port, remove_tree
 from tests.conftest import Spawn
 from tests.support import ROOT, WorkerProcess, wait_for
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 from typing import Any
@@ -20,24 +19,18 @@ import pytest
 
 from consumers.telemetry.failed_start import EXIT_START_FAILED
 from dedupe import DbConnection
+from proving.chaos.services import free_port
 from tests.support import ROOT
 
 START_S = 60.0  # a refused connection answers at once; this bounds a hang
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _dead_database() -> str:
-    return f"postgresql://postgres@127.0.0.1:{_closed_port()}/postgres"
+    return f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
 
 
 def _dead_broker() -> str:
-    return f"amqp://guest:guest@127.0.0.1:{_closed_port()}/"
+    return f"amqp://guest:guest@127.0.0.1:{free_port()}/"
 
 
 async def _start(env: dict[str, str], *command: str) -> subprocess.CompletedProcess[str]:

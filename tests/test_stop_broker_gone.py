@@ -9,7 +9,6 @@ the chaos run, 55 s past a 10 s grace, a slot with no worker all along).
 from __future__ import annotations
 
 import dataclasses
-import socket
 import time
 
 from yarl import URL
@@ -18,22 +17,16 @@ from consumers import App, Context, RetryPolicy, Settings, Worker
 from consumers.pipeline.loop import CANCEL_TIMEOUT_SECONDS
 from dedupe import DbConnection
 from proving.chaos.proxy import FaultProxy
+from proving.chaos.services import free_port
 from proving.deadlines import within
 from tests.conftest import AMQP_URL
 from tests.support import wait_consumers, wait_for
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def test_stop_while_the_broker_is_gone_ends_within_the_grace(
     db: DbConnection, queue_name: str, settings: Settings, retry_policy: RetryPolicy
 ) -> None:
-    proxy = FaultProxy("broker", _free_port(), URL(AMQP_URL).port or 5672)
+    proxy = FaultProxy("broker", free_port(), URL(AMQP_URL).port or 5672)
     await proxy.start()
     app = App(retry=retry_policy)
 

@@ -34,8 +34,7 @@ from pathlib import Path
 import asyncpg
 
 from dedupe import quote_ident
-from proving.chaos.run import free_port
-from proving.chaos.services import PrivatePostgres, PrivateRabbit, remove_tree
+from proving.chaos.services import PrivatePostgres, PrivateRabbit, free_port, remove_tree
 from proving.deadlines import ANSWER_S
 
 TICK = os.sysconf("SC_CLK_TCK")

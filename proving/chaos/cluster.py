@@ -27,24 +27,16 @@ import json
 import os
 import secrets
 import signal
-import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
 from proving.chaos.rabbitmqctl import PATIENCE_S, ClusterCommandError, queue_state, rabbitmqctl
-from proving.chaos.services import PrivateRabbit, ServiceError, remove_tree
+from proving.chaos.services import PrivateRabbit, ServiceError, free_port, remove_tree
 
 NODE_PREFIX = "iwcluster-"
 # How long a node's queues may take to have their leader and every member online again.
 ONLINE_PATIENCE_S = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _owner_alive(node: str) -> bool:

@@ -43,8 +43,8 @@ from proving.chaos.deadletters import DeadLetterWatcher
 from proving.chaos.fleet import Fleet
 from proving.chaos.latency import first_effects, poison_limit, slowest_delivery
 from proving.chaos.profile import ClusterProfile
-from proving.chaos.run import COUNT_DEADLINE_S, _drain, _prepare, _Probe, free_port, say
-from proving.chaos.services import RECOVERY_S, PrivatePostgres, remove_tree
+from proving.chaos.run import COUNT_DEADLINE_S, _drain, _prepare, _Probe, say
+from proving.chaos.services import RECOVERY_S, PrivatePostgres, free_port, remove_tree
 from proving.chaos.workload import JobKind, ResilientPublisher, plan
 from proving.deadlines import deadline, within
 

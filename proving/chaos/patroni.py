@@ -40,9 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from proving.chaos.cluster import free_port
 from proving.chaos.patroni_config import patroni_config
-from proving.chaos.services import ServiceError, _dies_with_parent, remove_tree
+from proving.chaos.services import ServiceError, _dies_with_parent, free_port, remove_tree
 from proving.deadlines import within
 
 ETCD = "/usr/bin/etcd"

@@ -60,8 +60,8 @@ from proving.chaos.pg_ingress import (
     serve_url,
 )
 from proving.chaos.pg_schedule import PgFaults, PgProfile, run_schedule
-from proving.chaos.run import _drain, _Probe, free_port, say
-from proving.chaos.services import PrivateRabbit, ServiceError, remove_tree
+from proving.chaos.run import _drain, _Probe, say
+from proving.chaos.services import PrivateRabbit, ServiceError, free_port, remove_tree
 from proving.chaos.workload import JobKind, ResilientPublisher, plan
 from proving.deadlines import ANSWER_S, within
 

@@ -29,8 +29,7 @@ from typing import Any, Self
 
 import asyncpg
 
-from proving.chaos.cluster import free_port
-from proving.chaos.services import PG_BIN, PrivatePostgres, ServiceError, remove_tree
+from proving.chaos.services import PG_BIN, PrivatePostgres, ServiceError, free_port, remove_tree
 from proving.deadlines import ANSWER_S
 
 PRIMARY_SETTINGS = {"synchronous_standby_names": "*", "wal_sender_timeout": "10s"}

@@ -18,7 +18,6 @@ import contextlib
 import logging
 import os
 import random
-import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -63,7 +62,13 @@ from proving.chaos.pushes import (
     ledger_status,
     plan_pushes,
 )
-from proving.chaos.services import RECOVERY_S, PrivatePostgres, PrivateRabbit, remove_tree
+from proving.chaos.services import (
+    RECOVERY_S,
+    PrivatePostgres,
+    PrivateRabbit,
+    free_port,
+    remove_tree,
+)
 from proving.chaos.workload import JobKind, ResilientPublisher, plan
 from proving.deadlines import deadline
 
@@ -88,13 +93,6 @@ class Outcome:
     republished: int
     elapsed_s: float
     workdir: Path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def say(text: str) -> None:

@@ -23,6 +23,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,6 +37,14 @@ STOP_PATIENCE_S = 60.0  # a stop that has not ended by then SIGKILLs
 RECOVERY_S = STOP_PATIENCE_S + START_PATIENCE_S  # the longest a restart may take
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 _PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class ServiceError(Exception):

@@ -39,8 +39,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from consumers import REASON_HEADER, dead_letter_queue, tier_queue
 from dedupe import migrate, quote_ident
-from proving.chaos.run import free_port
-from proving.chaos.services import PrivateRabbit, remove_tree
+from proving.chaos.services import PrivateRabbit, free_port, remove_tree
 from proving.deadlines import deadline
 from proving.fuzz.app import EFFECTS_TABLE, RETRY
 from proving.fuzz.inputs import RawInput, raw_inputs
