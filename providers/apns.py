@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections import deque
 from functools import partial
 from typing import Any
 
@@ -96,15 +97,19 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
         self.streams: dict[int, PendingStream] = {}
         self.abandoned = False
         self.closed = self.loop.create_future()
-        self.window_opened = asyncio.Event()
         self.peer_settings = asyncio.Event()  # the server's first SETTINGS: its stream limit
+        # Sends waiting for flow-control credit, first in first out, each with its size.
+        self.writers: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._flush_scheduled = False
         self.conn = ApnsH2Connection()  # aioapns' own has h2's defaults: see providers.apns_h2
+        self.stream_limit = self._read_stream_limit()  # read again on each SETTINGS
+
+    def _read_stream_limit(self) -> int:
+        return min(self.conn.remote_settings.max_concurrent_streams, MAX_STREAMS_PER_CONNECTION)
 
     @property
     def is_busy(self) -> bool:
-        limit = min(self.conn.remote_settings.max_concurrent_streams, MAX_STREAMS_PER_CONNECTION)
-        return self.abandoned or self.closed.done() or len(self.streams) >= limit
+        return self.abandoned or self.closed.done() or len(self.streams) >= self.stream_limit
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -122,11 +127,43 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
         return self.peer_settings.is_set() and not self.is_busy
 
     def can_write(self, size: int) -> bool:
-        window = min(
+        return size <= self._window()
+
+    def _window(self) -> int:
+        """Bytes a new stream's body may send now: the connection's credit and a stream's."""
+        return min(
             self.conn.outbound_flow_control_window,
             self.conn.remote_settings.initial_window_size,
         )
-        return size <= window
+
+    async def credit(self, size: int) -> None:
+        """Until a window update leaves room for `size` bytes (or the connection closed).
+
+        First in first out, and an update wakes only the waiters its credit has
+        room for: one event set for every waiter on every WINDOW_UPDATE made
+        thousands of sends wake, find no room and wait again, per update.
+        """
+        turn = self.loop.create_future()
+        self.writers.append((size, turn))
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if not turn.done():
+                self.writers.remove((size, turn))
+            self._wake_writers()  # its credit, or its place at the head, goes to the next
+            raise
+
+    def _wake_writers(self) -> None:
+        room = self._window()
+        closed = self.closed.done() or self.transport is None or self.transport.is_closing()
+        while self.writers:
+            size, turn = self.writers[0]
+            if not closed and size > room:
+                return
+            self.writers.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                room -= size
 
     def start(self, headers: list[tuple[str, str]], body: bytes) -> asyncio.Future[Outcome]:
         """Write one request now, with no await in between: nothing can cancel it half-way."""
@@ -189,9 +226,10 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
             elif isinstance(event, ConnectionTerminated):
                 self._terminated(event.last_stream_id or 0)
             elif isinstance(event, WindowUpdated | RemoteSettingsChanged):
-                self.window_opened.set()
                 if isinstance(event, RemoteSettingsChanged):
+                    self.stream_limit = self._read_stream_limit()
                     self.peer_settings.set()
+                self._wake_writers()
         self.flush()
 
     def flush(self) -> None:
@@ -215,10 +253,10 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
             self.on_connection_lost(self)
         for stream_id in list(self.streams):
             self._finish(stream_id, Lost(reason="ConnectionLost"))
-        self.window_opened.set()
-        self.peer_settings.set()  # wakes its waiters, who then find it closed
         if not self.closed.done():
             self.closed.set_result(None)
+        self._wake_writers()  # every one: they find it closed
+        self.peer_settings.set()  # wakes its waiters, who then find it closed
 
     def _flush_now(self) -> None:
         self._flush_scheduled = False
@@ -288,7 +326,7 @@ class ApnsProvider:
         """Streams on every connection the pool may open, at the server's limit once known
         (one per connection before the first SETTINGS say it)."""
         limits = [
-            min(c.conn.remote_settings.max_concurrent_streams, MAX_STREAMS_PER_CONNECTION)
+            c.stream_limit
             for c in (self._pool.connections if self._pool is not None else ())
             if isinstance(c, _ExactlyOnceProtocol) and c.peer_settings.is_set()
         ]
@@ -360,6 +398,7 @@ class ApnsProvider:
             if (
                 isinstance(connection, _ExactlyOnceProtocol)
                 and connection.ready
+                and not connection.writers  # those waiting for credit go first
                 and connection.can_write(size)
             ):
                 return connection
@@ -382,8 +421,7 @@ class ApnsProvider:
                 continue  # its limit known now: it may be full already
             if connection.can_write(size):
                 return connection
-            connection.window_opened.clear()
-            await connection.window_opened.wait()
+            await connection.credit(size)
 
     def _host(self) -> str:
         if self.settings.host is not None:
