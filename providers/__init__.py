@@ -15,7 +15,7 @@ from providers.errors import (
     TransientProviderError,
     UnknownOutcomeError,
 )
-from providers.ids import SendIds, send_ids
+from providers.ids import JobIds, SendIds, job_ids, send_ids
 from providers.provider import Provider, ProviderReceipt
 from providers.push import Notification, Platform, Priority, Push, Target
 from providers.recording import RecordedSend, RecordingProvider
@@ -47,6 +47,7 @@ __all__ = [
     "FcmProvider",
     "FcmSettings",
     "InvalidDeviceToken",
+    "JobIds",
     "NotStartedInTime",
     "Notification",
     "PermanentProviderError",
@@ -64,5 +65,6 @@ __all__ = [
     "Target",
     "TransientProviderError",
     "UnknownOutcomeError",
+    "job_ids",
     "send_ids",
 ]

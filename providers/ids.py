@@ -48,12 +48,25 @@ class SendIds:
     webpush_topic: str
 
 
-def send_ids(dedupe_key: str, token: str, *, collapse_key: str | None = None) -> SendIds:
-    """Derive the ids of one push from its job's dedupe key and its device token.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobIds:
+    """The ids every push of one job shares; `for_token` adds a device's apns-id."""
 
-    The job's own `collapse_key`, when given, wins over the dedupe key for the
-    collapse ids; either way a key that does not fit a limit is hashed to fit.
-    """
+    dedupe_key: str
+    collapse_id: str
+    webpush_topic: str
+
+    def for_token(self, token: str) -> SendIds:
+        return SendIds(
+            apns_id=_uuid5(f"{self.dedupe_key}\0{token}"),
+            collapse_id=self.collapse_id,
+            fcm_collapse_key=self.collapse_id,
+            webpush_topic=self.webpush_topic,
+        )
+
+
+def job_ids(dedupe_key: str, *, collapse_key: str | None = None) -> JobIds:
+    """The collapse ids of one job, derived once for all its devices (see `send_ids`)."""
     source = collapse_key if collapse_key is not None else dedupe_key
     fits_header = bool(source) and len(source) <= COLLAPSE_ID_MAX_BYTES
     fits_header = fits_header and _HEADER_SAFE.fullmatch(source) is not None
@@ -64,12 +77,21 @@ def send_ids(dedupe_key: str, token: str, *, collapse_key: str | None = None) ->
         collapse_id = source
     else:  # a readable prefix and the hash
         collapse_id = f"{_NOT_HEADER_SAFE.sub('', source)[:_READABLE_PREFIX_CHARS]}~{digest}"
-    return SendIds(
-        apns_id=_uuid5(f"{dedupe_key}\0{token}"),
+    return JobIds(
+        dedupe_key=dedupe_key,
         collapse_id=collapse_id,
-        fcm_collapse_key=collapse_id,
         webpush_topic=source if fits_topic else digest[:WEBPUSH_TOPIC_MAX_CHARS],
     )
+
+
+def send_ids(dedupe_key: str, token: str, *, collapse_key: str | None = None) -> SendIds:
+    """Derive the ids of one push from its job's dedupe key and its device token.
+
+    The job's own `collapse_key`, when given, wins over the dedupe key for the
+    collapse ids; either way a key that does not fit a limit is hashed to fit.
+    A job's many devices: `job_ids(...)` once, then `.for_token(token)` each.
+    """
+    return job_ids(dedupe_key, collapse_key=collapse_key).for_token(token)
 
 
 def _uuid5(name: str) -> str:

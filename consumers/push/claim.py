@@ -10,6 +10,7 @@ verdict without a send.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from dedupe import (
     replicated,
 )
 from dedupe.lost import dropped_if_demoted
-from providers import Provider, send_ids
+from providers import JobIds, Provider, job_ids
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,9 +116,8 @@ class ClaimStep:
                 elif outcome is ClaimOutcome.DUPLICATE:
                     seen_before[item.envelope.key] = item
                 else:
-                    intents += self._intents(item, job)
                     first = min(len(job.targets), CHUNK_TARGETS)
-                    sends += [new_send(self.provider, item, job, n) for n in range(first)]
+                    intents += self._intents(item, job, sends, first)
                     taken = len(job.targets) - first
                     progress.append(JobProgress(item=item, job=job, takeable=taken))
             if intents:
@@ -170,22 +170,36 @@ class ClaimStep:
             )
         return Claimed(sends=sends, verdicts=verdicts, jobs=progress, lease=lease)
 
-    def _intents(self, item: Item, job: PushJob) -> list[SendIntent]:
-        """Every target of a new job, with the ids each attempt will carry."""
+    def _intents(self, item: Item, job: PushJob, sends: list[Send], first: int) -> list[SendIntent]:
+        """Every target of a new job, with the ids each attempt will carry; the sends of
+        its `first` targets (leased now) appended to `sends`, with the same ids."""
         assert item.envelope is not None
-        text = dedupe_key_text(item.envelope.key)
+        key = item.envelope.key
+        ids = ids_of(key, job)
         intents = []
         for index, device in enumerate(job.targets):
-            ids = send_ids(text, device.token, collapse_key=job.collapse_key)
+            send_ids = ids.for_token(device.token)
+            target = TargetKey(key=key, target_index=index)
             intents.append(
                 SendIntent(
-                    target=TargetKey(key=item.envelope.key, target_index=index),
+                    target=target,
                     platform=str(device.platform),
                     token=device.token,
-                    apns_id=ids.apns_id,
-                    collapse_id=ids.collapse_id,
+                    apns_id=send_ids.apns_id,
+                    collapse_id=send_ids.collapse_id,
                 )
             )
+            if index < first:
+                sends.append(
+                    Send(
+                        item=item,
+                        job=job,
+                        target=target,
+                        device=device,
+                        ids=send_ids,
+                        provider=provider_name(self.provider, device.platform),
+                    )
+                )
         return intents
 
     async def _take_ingress(
@@ -207,6 +221,17 @@ class ClaimStep:
         return {item for item, message in sent_for.items() if message in cancelled}
 
 
+@functools.lru_cache(maxsize=4096)
+def _job_ids(key_text: str, collapse_key: str | None) -> JobIds:
+    return job_ids(key_text, collapse_key=collapse_key)
+
+
+def ids_of(key: DedupeKey, job: PushJob) -> JobIds:
+    """The ids a job's pushes share: derived once per job and chunk, not per device
+    (a job's chunks come one after another, so the cache keeps what they need)."""
+    return _job_ids(dedupe_key_text(key), job.collapse_key)
+
+
 def new_send(provider: Provider, item: Item, job: PushJob, index: int) -> Send:
     """The send of a job's target `index`, with the ids derived from its dedupe key."""
     assert item.envelope is not None
@@ -217,6 +242,6 @@ def new_send(provider: Provider, item: Item, job: PushJob, index: int) -> Send:
         job=job,
         target=TargetKey(key=key, target_index=index),
         device=device,
-        ids=send_ids(dedupe_key_text(key), device.token, collapse_key=job.collapse_key),
+        ids=ids_of(key, job).for_token(device.token),
         provider=provider_name(provider, device.platform),
     )
