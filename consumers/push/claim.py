@@ -175,7 +175,7 @@ class ClaimStep:
         its `first` targets (leased now) appended to `sends`, with the same ids."""
         assert item.envelope is not None
         key = item.envelope.key
-        ids = ids_of(key, job)
+        ids = job_ids(dedupe_key_text(key), collapse_key=job.collapse_key)
         intents = []
         for index, device in enumerate(job.targets):
             send_ids = ids.for_token(device.token)
@@ -227,8 +227,9 @@ def _job_ids(key_text: str, collapse_key: str | None) -> JobIds:
 
 
 def ids_of(key: DedupeKey, job: PushJob) -> JobIds:
-    """The ids a job's pushes share: derived once per job and chunk, not per device
-    (a job's chunks come one after another, so the cache keeps what they need)."""
+    """The ids a job's pushes share, for the chunks leased after its claim: derived once
+    per job, not per device (a job's chunks come one after another, so the cache keeps
+    what they need)."""
     return _job_ids(dedupe_key_text(key), job.collapse_key)
 
 
