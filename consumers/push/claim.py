@@ -43,7 +43,7 @@ from dedupe import (
     replicated,
 )
 from dedupe.lost import dropped_if_demoted
-from providers import JobIds, Provider, job_ids
+from providers import JobIds, Provider, SendIds, job_ids
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,28 +178,18 @@ class ClaimStep:
         ids = job_ids(dedupe_key_text(key), collapse_key=job.collapse_key)
         intents = []
         for index, device in enumerate(job.targets):
-            send_ids = ids.for_token(device.token)
-            target = TargetKey(key=key, target_index=index)
+            device_ids = ids.for_token(device.token)
             intents.append(
                 SendIntent(
-                    target=target,
+                    target=TargetKey(key=key, target_index=index),
                     platform=str(device.platform),
                     token=device.token,
-                    apns_id=send_ids.apns_id,
-                    collapse_id=send_ids.collapse_id,
+                    apns_id=device_ids.apns_id,
+                    collapse_id=device_ids.collapse_id,
                 )
             )
             if index < first:
-                sends.append(
-                    Send(
-                        item=item,
-                        job=job,
-                        target=target,
-                        device=device,
-                        ids=send_ids,
-                        provider=provider_name(self.provider, device.platform),
-                    )
-                )
+                sends.append(new_send(self.provider, item, job, index, device_ids))
         return intents
 
     async def _take_ingress(
@@ -233,8 +223,11 @@ def ids_of(key: DedupeKey, job: PushJob) -> JobIds:
     return _job_ids(dedupe_key_text(key), job.collapse_key)
 
 
-def new_send(provider: Provider, item: Item, job: PushJob, index: int) -> Send:
-    """The send of a job's target `index`, with the ids derived from its dedupe key."""
+def new_send(
+    provider: Provider, item: Item, job: PushJob, index: int, ids: SendIds | None = None
+) -> Send:
+    """The send of a job's target `index`, with the ids derived from its dedupe key
+    (`ids`: derived already)."""
     assert item.envelope is not None
     key = item.envelope.key
     device = job.targets[index]
@@ -243,6 +236,6 @@ def new_send(provider: Provider, item: Item, job: PushJob, index: int) -> Send:
         job=job,
         target=TargetKey(key=key, target_index=index),
         device=device,
-        ids=ids_of(key, job).for_token(device.token),
+        ids=ids if ids is not None else ids_of(key, job).for_token(device.token),
         provider=provider_name(provider, device.platform),
     )
