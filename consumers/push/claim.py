@@ -10,7 +10,6 @@ verdict without a send.
 
 from __future__ import annotations
 
-import functools
 import time
 import uuid
 from dataclasses import dataclass
@@ -117,9 +116,10 @@ class ClaimStep:
                     seen_before[item.envelope.key] = item
                 else:
                     first = min(len(job.targets), CHUNK_TARGETS)
-                    intents += self._intents(item, job, sends, first)
                     taken = len(job.targets) - first
-                    progress.append(JobProgress(item=item, job=job, takeable=taken))
+                    new = JobProgress(item=item, job=job, takeable=taken, ids=ids_of(item, job))
+                    intents += self._intents(new, sends, first)
+                    progress.append(new)
             if intents:
                 expiry = await self.ledger.open(conn, intents, lease_seconds, leased=CHUNK_TARGETS)
             rows = await self.ledger.take(
@@ -151,15 +151,19 @@ class ClaimStep:
                 delay = self.spec.retry.tier_within(max(busy) + 0.5)
                 verdicts[item] = retry("send_in_progress", delay=delay, spend_attempt=False)
             job = jobs[item]
+            again = JobProgress(
+                item=item,
+                job=job,
+                takeable=takeable(of_job),
+                waits=verdicts.get(item),
+                ids=ids_of(item, job),
+            )
             leased = [
-                new_send(self.provider, item, job, r.target.target_index) for r in of_job if r.mine
+                new_send(self.provider, again, r.target.target_index) for r in of_job if r.mine
             ]
             if leased:
                 sends += leased
-                waits = verdicts.get(item)
-                progress.append(
-                    JobProgress(item=item, job=job, takeable=takeable(of_job), waits=waits)
-                )
+                progress.append(again)
         lease = None
         if expiry is not None and progress:
             lease = Lease(
@@ -170,15 +174,14 @@ class ClaimStep:
             )
         return Claimed(sends=sends, verdicts=verdicts, jobs=progress, lease=lease)
 
-    def _intents(self, item: Item, job: PushJob, sends: list[Send], first: int) -> list[SendIntent]:
+    def _intents(self, new: JobProgress, sends: list[Send], first: int) -> list[SendIntent]:
         """Every target of a new job, with the ids each attempt will carry; the sends of
         its `first` targets (leased now) appended to `sends`, with the same ids."""
-        assert item.envelope is not None
-        key = item.envelope.key
-        ids = job_ids(dedupe_key_text(key), collapse_key=job.collapse_key)
+        assert new.item.envelope is not None
+        key = new.item.envelope.key
         intents = []
-        for index, device in enumerate(job.targets):
-            device_ids = ids.for_token(device.token)
+        for index, device in enumerate(new.job.targets):
+            device_ids = new.ids.for_token(device.token)
             intents.append(
                 SendIntent(
                     target=TargetKey(key=key, target_index=index),
@@ -189,7 +192,7 @@ class ClaimStep:
                 )
             )
             if index < first:
-                sends.append(new_send(self.provider, item, job, index, device_ids))
+                sends.append(new_send(self.provider, new, index, device_ids))
         return intents
 
     async def _take_ingress(
@@ -211,31 +214,23 @@ class ClaimStep:
         return {item for item, message in sent_for.items() if message in cancelled}
 
 
-@functools.lru_cache(maxsize=4096)
-def _job_ids(key_text: str, collapse_key: str | None) -> JobIds:
-    return job_ids(key_text, collapse_key=collapse_key)
-
-
-def ids_of(key: DedupeKey, job: PushJob) -> JobIds:
-    """The ids a job's pushes share, for the chunks leased after its claim: derived once
-    per job, not per device (a job's chunks come one after another, so the cache keeps
-    what they need)."""
-    return _job_ids(dedupe_key_text(key), job.collapse_key)
+def ids_of(item: Item, job: PushJob) -> JobIds:
+    """The ids every push of a job shares, derived once per job (`JobProgress.ids`)."""
+    assert item.envelope is not None
+    return job_ids(dedupe_key_text(item.envelope.key), collapse_key=job.collapse_key)
 
 
 def new_send(
-    provider: Provider, item: Item, job: PushJob, index: int, ids: SendIds | None = None
+    provider: Provider, progress: JobProgress, index: int, ids: SendIds | None = None
 ) -> Send:
-    """The send of a job's target `index`, with the ids derived from its dedupe key
-    (`ids`: derived already)."""
+    """The send of a job's target `index` (`ids`: its device's, when derived already)."""
+    item, device = progress.item, progress.job.targets[index]
     assert item.envelope is not None
-    key = item.envelope.key
-    device = job.targets[index]
     return Send(
         item=item,
-        job=job,
-        target=TargetKey(key=key, target_index=index),
+        job=progress.job,
+        target=TargetKey(key=item.envelope.key, target_index=index),
         device=device,
-        ids=ids if ids is not None else ids_of(key, job).for_token(device.token),
+        ids=ids if ids is not None else progress.ids.for_token(device.token),
         provider=provider_name(provider, device.platform),
     )

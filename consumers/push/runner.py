@@ -187,8 +187,8 @@ class PushRunner:
                 if self.holding is not None:  # room for the next job's devices
                     self.holding.release(item.delivery for item, _ in decided)
 
-    def new_send(self, item: Item, job: PushJob, index: int) -> Send:
-        return new_send(self.provider, item, job, index)
+    def new_send(self, progress: JobProgress, index: int) -> Send:
+        return new_send(self.provider, progress, index)
 
     async def take_chunks(self, items: list[Item], lease: Lease) -> list[SendRow] | None:
         """The next chunk of each of these jobs, leased at the batch's expiry."""

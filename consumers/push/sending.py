@@ -42,6 +42,7 @@ from consumers.push.job import PushJob
 from consumers.push.lease import Lease
 from dedupe import DedupeKey, SendRow, SendStatus
 from providers import (
+    JobIds,
     NotStartedInTime,
     Platform,
     PlatformRouter,
@@ -63,7 +64,8 @@ class FanoutSteps(Protocol):
     async def take_chunks(self, items: list[Item], lease: Lease) -> list[SendRow] | None:
         """Lease the next chunk of these jobs at `lease`; every row; None: database lost."""
 
-    def new_send(self, item: Item, job: PushJob, index: int) -> Send: ...
+    def new_send(self, progress: JobProgress, index: int) -> Send:
+        """The send of target `index` of the job `progress` follows."""
 
     def verdict(self, progress: JobProgress) -> Verdict:
         """The verdict of a job whose leased targets are all answered (or lost)."""
@@ -82,6 +84,7 @@ class JobProgress:
     answers: list[Answered] = field(default_factory=list)
     unrecorded: bool = False
     waits: Verdict | None = None  # its verdict if other targets wait on another worker's lease
+    ids: JobIds  # the ids its pushes share (`providers.job_ids`)
 
 
 def takeable(rows: Sequence[SendRow]) -> int:
@@ -201,9 +204,7 @@ class Fanout:
             p = progress[item]
             of_job = by_job.get(item.envelope.key, [])
             p.takeable = takeable(of_job)
-            sends += [
-                self.steps.new_send(item, p.job, r.target.target_index) for r in of_job if r.mine
-            ]
+            sends += [self.steps.new_send(p, r.target.target_index) for r in of_job if r.mine]
         self._start(progress, sends)
 
     def _start(self, progress: dict[Item, JobProgress], sends: list[Send]) -> None:
