@@ -36,6 +36,7 @@ import aio_pika
 import asyncpg
 
 from consumers import Settings, configure_logging
+from consumers.runtime.collector import collect_less
 from proving.bench.options import (
     LONG_MESSAGES,
     PACED_VARIANTS,
@@ -207,6 +208,8 @@ def main(argv: Sequence[str], settings: Settings) -> int:
         from proving.bench.scale import main as scale_main
 
         return scale_main(argv, settings)
+    # The collector as `idempotent-workers run` sets it, for every variant alike.
+    collect_less()
     with open(options.log_file, "wb") as log_file:
         configure_logging("info", json=True, file=log_file)
         code = _run(bench(options, settings), options.loop)

@@ -17,6 +17,7 @@ a file or a collector).
 from __future__ import annotations
 
 from consumers import App, Batch, Context, Worker
+from consumers.runtime.collector import freeze_started
 from proving.bench.sandbox import INSERT_EFFECT, INSERT_EFFECTS
 from proving.bench.variant import Run, Variant
 from proving.deadlines import ANSWER_S
@@ -80,6 +81,7 @@ def _batch_app(queue: str) -> App:
 async def _work(run: Run, app: App, *, log_effects: bool = True) -> None:
     worker = Worker(app, run.settings, log_effects=log_effects)
     await worker.start()
+    freeze_started()  # as `idempotent-workers run` does once its worker started
     try:
         await run.finished()
     finally:
