@@ -6,7 +6,8 @@
    the worker starts: a worker slow to reach its services is live, not ready;
 3. the watchdog (`consumers.runtime.watchdog`): a handler blocking the event loop
    past its deadline plus the grace ends the process, non-zero;
-4. start the worker, consume until the signal, stop it (settle, ack, close).
+4. start the worker, consume until the signal, stop it (settle, ack, close),
+   the garbage collector set for work in flight (`consumers.runtime.collector`).
    A start a service failed exits EXIT_START_FAILED (3: a restart may cure
    it) with one `start_failed` line (`consumers.telemetry.failed_start`, as
    `relay` and `serve` do); one the configuration refuses (a queue that
