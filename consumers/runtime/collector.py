@@ -3,16 +3,17 @@
 A worker holds thousands of objects that live for one batch: deliveries, a
 task, a coroutine and futures for each push in flight, the HTTP/2 streams of
 its provider. CPython's default thresholds (700, 10, 10) start a young
-collection every 700 net allocations of container objects, and the older
-ones every 10 of the younger: each pass walks the work in flight again, and
-a full collection walks all of it. `gc.freeze()` (what exists once the
-worker started lives as long as the process) does not make full ones rare:
-CPython starts one when the objects not yet walked as old exceed a quarter
-of those that were, and the frozen ones no longer count among those. In the push bench's process (`python -m proving.bench.push --runs 1`:
-the bare provider's 5,000 sends, then 10,000 one-device and 10,000 fan-out
-sends) the collector at its defaults ran about 2,200 young, 200 middle and 17
-full collections, 1.7 to 2.0 s in all; with the thresholds below, about 105
-young and 3 middle, 0.5 to 0.6 s (docs/performance.md).
+collection every 700 net allocations of container objects, and the older ones
+every 10 of the younger: each pass walks the work in flight again, and a full
+collection walks all of it. `gc.freeze()` (what exists once the worker started
+lives as long as the process) does not make full ones rare: CPython starts one
+when the objects not yet walked as old exceed a quarter of those that were,
+and the frozen ones no longer count among those. In the push bench's process
+(`python -m proving.bench.push --runs 1`: the bare provider's 5,000 sends,
+then 10,000 one-device and 10,000 fan-out sends) the collector at its defaults
+ran about 2,200 young, 200 middle and 17 full collections, 1.7 to 2.0 s in
+all; with the thresholds below, about 105 young and 3 middle, 0.5 to 0.6 s
+(docs/performance.md).
 
 A young collection then walks up to 10,000 objects: about 4 ms, once per
 10,000 net allocations, beside the 40 to 60 ms a full one took.
