@@ -150,20 +150,19 @@ class ClaimStep:
                 # minutes longer); back too early, it waits again, spending no attempt.
                 delay = self.spec.retry.tier_within(max(busy) + 0.5)
                 verdicts[item] = retry("send_in_progress", delay=delay, spend_attempt=False)
+            leased = [r.target.target_index for r in of_job if r.mine]
+            if not leased:  # a duplicate, or every target waits on another worker
+                continue
             job = jobs[item]
             again = JobProgress(
                 item=item,
                 job=job,
                 takeable=takeable(of_job),
                 waits=verdicts.get(item),
-                ids=ids_of(item, job),
+                ids=ids_of(item, job),  # derived only for a job with sends of ours
             )
-            leased = [
-                new_send(self.provider, again, r.target.target_index) for r in of_job if r.mine
-            ]
-            if leased:
-                sends += leased
-                progress.append(again)
+            sends += [new_send(self.provider, again, index) for index in leased]
+            progress.append(again)
         lease = None
         if expiry is not None and progress:
             lease = Lease(
