@@ -21,7 +21,7 @@ import uvicorn
 from console import ConsoleSettings, Role, Tokens, create_app
 from consumers import Settings, dead_letter_queue
 from dedupe import DbConnection
-from tests.support import ROOT, wait_for
+from tests.support import ROOT, publish_confirmed, wait_for
 
 
 @asynccontextmanager
@@ -101,7 +101,8 @@ async def publish(
     headers: dict[str, object] | None = None,
 ) -> None:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    await channel.default_exchange.publish(
+    await publish_confirmed(
+        channel,
         aio_pika.Message(
             raw,
             message_id=message_id,
@@ -109,7 +110,7 @@ async def publish(
             headers=headers or {},  # type: ignore[arg-type]
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         ),
-        routing_key=queue,
+        queue,
     )
 
 

@@ -191,6 +191,30 @@ async def scrape(base: str) -> dict[str, float]:
     return samples
 
 
+async def publish_confirmed(
+    channel: aio_pika.abc.AbstractChannel,
+    message: aio_pika.Message,
+    queue: str,
+    *,
+    timeout: float = 30.0,
+) -> None:
+    """Publish `message` to `queue` on a confirm channel until the broker confirms it.
+
+    A nack says the broker did not take the message; a careful publisher (ours,
+    `consumers.Publisher`) publishes it again. RabbitMQ has nacked the first
+    publish to a quorum queue a worker had declared a moment before (once in
+    a full `.ci/run` on a busy machine), so a test's own publish retries too.
+    """
+    async with deadline(timeout, f"a confirm for {message.message_id!r} to {queue}"):
+        while True:
+            try:
+                await channel.default_exchange.publish(message, routing_key=queue)
+                return
+            except aio_pika.exceptions.DeliveryError as nacked:
+                print(f"publish_confirmed: {message.message_id!r} nacked ({nacked!r}); again")
+                await asyncio.sleep(0.1)
+
+
 async def wait_declared(url: str, queue: str) -> None:
     """Wait until a worker process has declared `queue` (its topology is up)."""
 

@@ -24,7 +24,7 @@ from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER
 from dedupe import DbConnection, Retention, cleanup
 from proving.rawamqp import RawProperties, RawPublisher, RawValue
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
-from tests.support import ROOT, wait_declared, wait_for
+from tests.support import ROOT, publish_confirmed, wait_declared, wait_for
 
 DAY_MS = 86_400_000
 
@@ -88,7 +88,8 @@ async def put_dead_letter(
         DEAD_LETTERED_AT_HEADER: int(time.time() * 1000) - age_ms,
         **(headers or {}),
     }
-    await channel.default_exchange.publish(
+    await publish_confirmed(
+        channel,
         aio_pika.Message(
             body,
             message_id=message_id,
@@ -96,7 +97,7 @@ async def put_dead_letter(
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             headers=all_headers,
         ),
-        routing_key=dead_letter_queue(queue),
+        dead_letter_queue(queue),
     )
 
 
@@ -221,8 +222,8 @@ async def test_worker_dates_its_dead_letters_so_a_replay_can_tell_their_age(
     worker = spawn()
     await wait_declared(AMQP_URL, queue_name)
     before = int(time.time() * 1000)
-    await channel.default_exchange.publish(
-        aio_pika.Message(b"not json", message_id="poison-1"), routing_key=queue_name
+    await publish_confirmed(
+        channel, aio_pika.Message(b"not json", message_id="poison-1"), queue_name
     )
 
     async def dead_lettered() -> bool:
@@ -247,9 +248,10 @@ async def test_replay_of_a_message_older_than_retention_is_refused_and_with_forc
     """The case retention exists for: a copy replayed after its claim was cleaned up."""
     worker = spawn()
     await wait_declared(AMQP_URL, queue_name)
-    await channel.default_exchange.publish(
+    await publish_confirmed(
+        channel,
         aio_pika.Message(b'{"n": 7}', message_id="order-7", content_type="application/json"),
-        routing_key=queue_name,
+        queue_name,
     )
 
     async def effects(n: int) -> bool:
@@ -312,9 +314,10 @@ async def test_replay_dry_run_tells_a_no_op_from_a_run_by_the_claim(
     """The same function the console's dry run calls: a copy whose effect committed is a no-op."""
     worker = spawn()
     await wait_declared(AMQP_URL, queue_name)
-    await channel.default_exchange.publish(
+    await publish_confirmed(
+        channel,
         aio_pika.Message(b'{"n": 9}', message_id="order-9", content_type="application/json"),
-        routing_key=queue_name,
+        queue_name,
     )
 
     async def committed() -> bool:
