@@ -8,12 +8,14 @@ per run, and that the summary line is there.
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 
 import pytest
 
 from consumers import Settings
-from proving.bench import bench
+from proving.bench import bench, schedstat
 from proving.bench.options import (
     ALL_VARIANTS,
     DEFAULT_VARIANTS,
@@ -23,7 +25,7 @@ from proving.bench.options import (
     SLOW_VARIANTS,
     parse,
 )
-from proving.bench.stopwatch import Stopwatch
+from proving.bench.stopwatch import Stopwatch, Timing
 from proving.bench.workload import job
 
 
@@ -43,6 +45,8 @@ async def test_every_variant_consumes_everything_once(
     assert "EFFECTS WRONG" not in out, out
     assert "bench: ceiling=" in out and "framework/faststream=" in out, out
     assert "paced: rate=" in out, out
+    paced = next(line for line in out.splitlines() if line.startswith("paced: rate="))
+    assert re.search(r" framework p50=\S+ p99=\S+ ran=\d+% waited=\d+%", paced), paced
     assert "prefill: rows=2000" in out, out
     assert "framework/ceiling=" in out and " framework/bare=" in out, out
     assert "bench: done in " in out, out
@@ -85,6 +89,23 @@ def test_the_default_runs_the_slow_ones_on_fewer_messages_and_long_all_on_all() 
     assert long_form.variants == ALL_VARIANTS
     assert (small.messages, small.slow_messages) == (60, 60)
     assert parse(["--slow-messages", "30"]).slow_messages == 30
+
+
+def test_schedstat_counts_this_threads_time_on_a_cpu() -> None:
+    """What the paced line's ran= and waited= are read from, checked against the
+    kernel's other count of the same thread's CPU time."""
+    before, cpu_before = schedstat.read(), time.thread_time()
+    assert before is not None  # Linux, where the bench runs
+    while time.thread_time() - cpu_before < 0.2:
+        pass
+    after, cpu_after = schedstat.read(), time.thread_time()
+    assert after is not None
+    spent = after - before
+    assert spent.waited >= 0
+    assert spent.ran == pytest.approx(cpu_after - cpu_before, abs=0.02)
+    timing = Timing(messages=1, seconds=spent.ran + spent.waited, cpu=spent)
+    assert re.fullmatch(r"ran=\d+% waited=\d+%", timing.cpu_shares())
+    assert Timing(messages=1, seconds=1.0).cpu_shares() == ""
 
 
 def test_the_stopwatch_leaves_aio_pika_as_it_found_it() -> None:

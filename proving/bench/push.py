@@ -50,8 +50,10 @@ from consumers.broker.topology import declare, delete
 from consumers.runtime.collector import collect_less, freeze_started
 from dedupe import migrate, quote_ident
 from providers import ApnsProvider, ApnsSettings, Platform, Provider, Target
+from proving.bench import schedstat
 from proving.bench.providers import LATENCY, FakeServer, one_run
 from proving.bench.stopwatch import Stopwatch
+from proving.bench.stopwatch import Timing as StopwatchTiming
 from proving.deadlines import ANSWER_S, within
 
 PROVIDER_CONCURRENCY = 200
@@ -86,6 +88,7 @@ class Timing:
     p99_ms: float
     cpu_us_per_send: float  # this process' CPU from worker start to the last ack, per send
     duplicates: int
+    shares: str = ""  # the event loop thread's share of the run on a CPU and waiting for one
 
 
 @dataclass(slots=True)
@@ -201,6 +204,7 @@ async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int)
             p99_ms=timing.p99_ms,
             cpu_us_per_send=cpu / sends * 1e6,
             duplicates=requests - distinct_ids,
+            shares=timing.cpu_shares(),
         )
     finally:
         with contextlib.suppress(Exception):
@@ -212,11 +216,17 @@ async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int)
         await connection.close()
 
 
-async def provider_run(fake: FakeServer, sends: int) -> float:
+async def provider_run(fake: FakeServer, sends: int) -> tuple[float, str]:
+    """The bare provider's sends per second, and its thread's share of the run on a
+    CPU and waiting for one (`proving.bench.schedstat`)."""
     assert isinstance(fake.settings, ApnsSettings)
     fake.forget()
     provider = ApnsProvider(fake.settings)
-    return await one_run(provider, Platform.IOS, sends, PROVIDER_CONCURRENCY)
+    before, started = schedstat.read(), time.perf_counter()
+    rate = await one_run(provider, Platform.IOS, sends, PROVIDER_CONCURRENCY)
+    after, seconds = schedstat.read(), time.perf_counter() - started
+    cpu = after - before if before and after else None
+    return rate, StopwatchTiming(messages=sends, seconds=seconds, cpu=cpu).cpu_shares()
 
 
 async def bench(
@@ -229,15 +239,16 @@ async def bench(
     results = [Results(setup=s) for s in setups]
     provider_rates: list[float] = []
     for round_ in range(args.runs):
-        provider_rates.append(await provider_run(fake, args.provider_sends))
-        say(f"round {round_ + 1}: provider_only {provider_rates[-1]:,.0f} sends/s")
+        rate, shares = await provider_run(fake, args.provider_sends)
+        provider_rates.append(rate)
+        say(f"round {round_ + 1}: provider_only {rate:,.0f} sends/s {shares}".rstrip())
         for result in results[round_ % len(results) :] + results[: round_ % len(results)]:
             timing = await worker_run(result.setup, base, fake, args.sends)
             result.runs.append(timing)
             say(
                 f"round {round_ + 1}: {result.setup.label}: {timing.sends_per_s:,.0f} sends/s,"
                 f" p50 {timing.p50_ms:.0f} ms, p99 {timing.p99_ms:.0f} ms,"
-                f" {timing.cpu_us_per_send:.0f} µs CPU/send"
+                f" {timing.cpu_us_per_send:.0f} µs CPU/send {timing.shares}".rstrip()
             )
     provider_only = statistics.median(provider_rates)
     say(

@@ -66,7 +66,11 @@ def summary(results: Mapping[str, Result]) -> str:
 
 
 def paced_line(rate: float, timings: Mapping[str, Timing]) -> str:
-    parts = [f"{name} p50={_ms(t.p50_ms)}ms p99={_ms(t.p99_ms)}ms" for name, t in timings.items()]
+    """`paced: rate=… ceiling p50=…ms p99=…ms ran=…% waited=…% framework …`."""
+    parts = [
+        f"{name} p50={_ms(t.p50_ms)}ms p99={_ms(t.p99_ms)}ms {t.cpu_shares()}".rstrip()
+        for name, t in timings.items()
+    ]
     return f"paced: rate={rate:.0f} msg/s (half of framework) " + " ".join(parts)
 
 

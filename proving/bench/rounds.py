@@ -157,7 +157,8 @@ class Rounds:
         self.progress(
             f"{label} {n:>7,} msgs {timing.rate:>8,.0f} msg/s"
             f"  p50 {_ms(timing.p50_ms)}  p99 {_ms(timing.p99_ms)}"
-            f"  rss {peak_mb:5.0f} MB  {verdict or '-':<10}  at {since(self.started)}"
+            f"  rss {peak_mb:5.0f} MB  {verdict or '-':<10}  {timing.cpu_shares() or '-':<21}"
+            f"  at {since(self.started)}"
         )
 
     def _sampled(self, variant: Variant) -> AbstractAsyncContextManager[None]:
@@ -210,6 +211,7 @@ class Rounds:
         timing = self.watch.timing()
         self.progress(
             f"paced {variant.name:<20} at {rate:,.0f} msg/s ({out.decode().strip()} sent):"
-            f"  p50 {_ms(timing.p50_ms)}  p99 {_ms(timing.p99_ms)}  at {since(self.started)}"
+            f"  p50 {_ms(timing.p50_ms)}  p99 {_ms(timing.p99_ms)}  {timing.cpu_shares()}"
+            f"  at {since(self.started)}"
         )
         return timing

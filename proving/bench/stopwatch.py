@@ -25,6 +25,7 @@ from typing import Any
 from aio_pika.message import IncomingMessage
 
 from consumers.broker.consume import RawDelivery
+from proving.bench import schedstat
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,10 +37,20 @@ class Timing:
     p50_ms: float = math.nan  # NaN: not timed message by message (`bare`)
     p99_ms: float = math.nan
     peak_mb: float | None = None  # None: the bench process's own, taken by the run
+    # Of `seconds`, how long the consumer's thread ran and waited for a CPU
+    # (`proving.bench.schedstat`); None where not measured.
+    cpu: schedstat.CpuTimes | None = None
 
     @property
     def rate(self) -> float:
         return self.messages / self.seconds if self.seconds > 0 else 0.0
+
+    def cpu_shares(self) -> str:
+        """`ran=55% waited=36%`: the consumer thread's share of the run on a CPU and
+        waiting for one; empty where not measured."""
+        if self.cpu is None or self.seconds <= 0:
+            return ""
+        return f"ran={self.cpu.ran / self.seconds:.0%} waited={self.cpu.waited / self.seconds:.0%}"
 
 
 class _Channel:
@@ -62,6 +73,8 @@ class Stopwatch:
         self._latencies: list[float] = []
         self._first = 0.0
         self._last = 0.0
+        self._cpu_first: schedstat.CpuTimes | None = None
+        self._cpu_last: schedstat.CpuTimes | None = None
 
     def reset(self, expected: int) -> None:
         self.expected = expected
@@ -70,6 +83,8 @@ class Stopwatch:
         self._latencies = []
         self._first = 0.0
         self._last = 0.0
+        self._cpu_first = None
+        self._cpu_last = None
 
     @property
     def acked(self) -> int:
@@ -88,12 +103,14 @@ class Stopwatch:
             seconds=self._last - self._first,
             p50_ms=statistics.median(latencies) * 1000,
             p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+            cpu=self._cpu_last - self._cpu_first if self._cpu_first and self._cpu_last else None,
         )
 
     def _delivered(self, channel: object, tag: int) -> None:
         now = time.perf_counter()
         if not self._first:
             self._first = now
+            self._cpu_first = schedstat.read()
         state = self._channels.get(id(channel))
         if state is None:
             state = self._channels[id(channel)] = _Channel()
@@ -125,7 +142,8 @@ class Stopwatch:
             while pending and pending[0][0] in state.acked_alone:
                 state.acked_alone.discard(pending.popleft()[0])
         self._last = now
-        if self.expected and len(latencies) >= self.expected:
+        if self.expected and len(latencies) >= self.expected and not self.done.is_set():
+            self._cpu_last = schedstat.read()
             self.done.set()
 
     @contextmanager
