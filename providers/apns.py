@@ -59,6 +59,7 @@ from providers.apns_h2 import ApnsH2Connection
 from providers.apns_settings import PRODUCTION_HOST, SANDBOX_HOST, ApnsSettings
 from providers.apns_token import ApnsToken
 from providers.apns_wire import (
+    PAYLOAD_TOO_LARGE,
     Answer,
     LastBody,
     Lost,
@@ -67,6 +68,7 @@ from providers.apns_wire import (
     PendingStream,
     apns_request,
     apns_result,
+    payload_limit,
     reason_of,
 )
 from providers.errors import (
@@ -338,6 +340,11 @@ class ApnsProvider:
         if push.target.platform is not Platform.IOS:
             raise PermanentProviderError("UnsupportedPlatform", provider=self.name)
         host, topic, body = self._host(), self.settings.topic, self._bodies.of(push)
+        if len(body) > payload_limit(push.effective_push_type):
+            # What APNs would answer (413), without a request: such a body can
+            # also be larger than a connection's flow-control window, and would
+            # wait at the head of its line for credit that never comes.
+            raise PermanentProviderError(PAYLOAD_TOO_LARGE, provider=self.name)
         headers, body = apns_request(push, ids, host=host, topic=topic, body=body)
         loop = asyncio.get_running_loop()
         timeout = self.settings.timeout_seconds

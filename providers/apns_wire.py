@@ -113,6 +113,18 @@ def apns_request(
     return headers, body if body is not None else apns_body(push)
 
 
+# The largest body APNs takes: 4 KB, 5 KB for VoIP ("Sending notification
+# requests to APNs"); past it APNs answers 413 PayloadTooLarge.
+MAX_PAYLOAD_BYTES = 4096
+MAX_VOIP_PAYLOAD_BYTES = 5120
+PAYLOAD_TOO_LARGE = "PayloadTooLarge"
+
+
+def payload_limit(push_type: str) -> int:
+    """The largest body APNs takes for a push of `push_type`."""
+    return MAX_VOIP_PAYLOAD_BYTES if push_type == "voip" else MAX_PAYLOAD_BYTES
+
+
 def apns_body(push: Push) -> bytes:
     return json.dumps(apns_payload(push), ensure_ascii=False).encode()
 
