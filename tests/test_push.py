@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import signal
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from providers import ApnsProvider, FcmProvider, Platform, PlatformRouter, Provi
 from providers.fakes.apns import FakeApns
 from providers.fakes.env import fakes_env
 from providers.fakes.fcm import FakeFcm
+from proving.deadlines import ANSWER_S, deadline
 from tests.apps.push_app import FAST_RETRY
 from tests.conftest import AMQP_URL, Spawn
 from tests.harness import Harness
@@ -193,6 +195,67 @@ async def test_unregistered_token_runs_the_hook_once_and_is_not_retried(
     ]
     assert {s for _, s, _ in await ledger(pruned)} == {"failed"}
     assert await harness.dead_letters() == []
+
+
+async def test_a_payload_apns_refuses_fails_its_ios_devices_at_once_and_holds_up_no_job(
+    harness: Harness,
+    pruned: DbConnection,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+) -> None:
+    """A job whose data makes the APNs body 100 KB (past the connection's window):
+    its iOS device fails for good without a request, its Android device is sent,
+    and a job published after it is sent (the provider's timeout is 5 s)."""
+    big = push_job_body(
+        targets=[IOS, ANDROID], title="Shipped", body="b", data={"pad": "x" * 100_000}
+    )
+    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)):
+        await harness.publish(big, message_id="too-large-for-apns")
+        await harness.publish(job(IOS_2), message_id="after-it")
+        await wait_for(lambda: all_settled(pruned, 3), timeout=4)
+    rows = await pruned.fetch(
+        "SELECT message_id, token, status, failure_reason FROM outbound_sends"
+        " ORDER BY message_id, target_index"
+    )
+    assert [tuple(r) for r in rows] == [
+        ("after-it", IOS_2.token, "sent", None),
+        ("too-large-for-apns", IOS.token, "failed", "PayloadTooLarge"),
+        ("too-large-for-apns", ANDROID.token, "sent", None),
+    ]
+    assert fake_apns.requests_for(IOS.token) == []
+    assert await pruned.fetchval("SELECT count(*) FROM pruned_devices") == 0  # not a dead token
+
+
+async def test_a_stop_past_its_grace_ends_while_a_send_waits_for_credit_that_never_comes(
+    harness: Harness, pruned: DbConnection, fake_fcm: FakeFcm
+) -> None:
+    """A server whose window never fits the body (here 1 KB against 2 KB): the send
+    is never started, and was tried again on every renewed lease, so a batch
+    cancelled at the end of a stop's grace never ended and the stop hung. Now it
+    ends within the grace, a provider timeout and a lease renewal's wait."""
+    grace, timeout = 1.0, 1.0
+    settings = replace(
+        harness.settings,
+        worker=replace(harness.settings.worker, shutdown_grace_seconds=grace),
+    )
+    body = push_job_body(targets=[IOS], title="Shipped", body="b", data={"pad": "x" * 2_000})
+    async with FakeApns(initial_window_size=1_024) as narrow:
+        worker = harness.run(push_app(harness.queue, narrow, fake_fcm, timeout=timeout), settings)
+        await worker.start()
+        try:
+            await harness.publish(body, message_id="never-fits")
+
+            async def sending() -> bool:
+                status = await pruned.fetchval("SELECT status FROM outbound_sends")
+                return bool(status == "sending")
+
+            await wait_for(sending, timeout=30)
+        finally:
+            lease = max(2.0, timeout * 2)  # push_app's lease_seconds
+            async with deadline(grace + timeout + lease + ANSWER_S, "the worker's stop"):
+                await worker.stop()
+    assert narrow.requests == []  # nothing was written
+    assert await pruned.fetchval("SELECT status FROM outbound_sends") == "sending"
 
 
 async def test_429_with_retry_after_is_retried_no_sooner(

@@ -130,6 +130,9 @@ class Fanout:
         self._outstanding = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._writes = asyncio.Lock()  # the batch's ledger writes, one at a time
+        # The batch was cancelled (a stop past its grace): sends not started by
+        # now start no more, so the wait for those in flight ends.
+        self._stopping = False
 
     async def run(self, jobs: list[JobProgress], sends: list[Send], settled: set[Item]) -> None:
         progress = {p.item: p for p in jobs}
@@ -162,6 +165,9 @@ class Fanout:
                 verdicts = [(p.item, self.steps.verdict(p)) for p in done]
                 await self.steps.settle(verdicts)
                 settled.update(p.item for p in done)
+        except asyncio.CancelledError:
+            self._stopping = True
+            raise
         finally:
             # Never cancel a send on the wire; an error above waits for them.
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -239,8 +245,9 @@ class Fanout:
         circuit = self.circuits.of(send.provider)
         while True:
             answer_by = lease.answer_by()
-            if lease.lost:
-                return answered(send, NotStartedInTime("LeaseLost", provider=target.name), policy)
+            if lease.lost or self._stopping:
+                reason = "LeaseLost" if lease.lost else "Stopping"
+                return answered(send, NotStartedInTime(reason, provider=target.name), policy)
             if time.monotonic() > answer_by - target.answer_seconds:
                 await self._renewal()  # the lease is due a renewal: wait for it
                 continue

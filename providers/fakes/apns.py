@@ -102,6 +102,7 @@ class FakeApns:
         max_concurrent_streams: int = 1000,
         settings_delay: float = 0.0,
         unscripted: ApnsReply | None = None,
+        initial_window_size: int = 65_535,
     ):
         self.topic = topic
         # Advertised in the first SETTINGS frame and enforced from the first byte read:
@@ -110,6 +111,8 @@ class FakeApns:
         # Seconds between accepting a connection and sending SETTINGS (and reading any
         # request): a server one round trip away, whose limit a client learns late.
         self.settings_delay = settings_delay
+        # A stream's flow-control window, in the first SETTINGS (h2's default: 65,535).
+        self.initial_window_size = initial_window_size
         self.protocol_errors: list[str] = []  # why a connection was closed on an H2Error
         self.unscripted = unscripted or ApnsReply()  # the answer to a token with no script
         self.requests: list[ApnsRequest] = []
@@ -240,7 +243,7 @@ class _ServerH2Connection(H2Connection):
     re-checking the answers it builds (a bench's fake CPU is noise, not its subject).
     Requests are still validated: the fake is the check on the client's headers."""
 
-    def __init__(self, max_streams: int) -> None:
+    def __init__(self, max_streams: int, initial_window_size: int = 65_535) -> None:
         super().__init__(
             H2Configuration(
                 client_side=False,
@@ -251,6 +254,7 @@ class _ServerH2Connection(H2Connection):
         )
         # The limit in the preface, not h2's 100 until our SETTINGS are acknowledged.
         self.local_settings[SettingCodes.MAX_CONCURRENT_STREAMS] = max_streams
+        self.local_settings[SettingCodes.INITIAL_WINDOW_SIZE] = initial_window_size
         self.local_settings.acknowledge()
 
     @property
@@ -266,7 +270,7 @@ class _ServerConnection(asyncio.Protocol):
     def __init__(self, fake: FakeApns, connection_id: int) -> None:
         self.fake = fake
         self.connection_id = connection_id
-        self.h2 = _ServerH2Connection(fake.max_concurrent_streams)
+        self.h2 = _ServerH2Connection(fake.max_concurrent_streams, fake.initial_window_size)
         self.transport: asyncio.Transport | None = None
         self.incoming: dict[int, _Incoming] = {}
         self.outgoing: dict[int, bytes] = {}
