@@ -27,7 +27,7 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from consumers import InvalidPushJob, parse_push_job
-from consumers.push.job import MAX_AUDIENCE
+from consumers.push.job import MAX_AUDIENCE, apns_payload_problem
 from ingress.models import SendRequest
 from ingress.refusals import Refusal, field_name, invalid
 
@@ -94,10 +94,13 @@ def validated(body: dict[str, Any]) -> SendRequest:
             *((field_name(("body", *e["loc"])), e["msg"]) for e in exc.errors())
         ) from None
     try:
-        parse_push_job(body, max_targets=MAX_AUDIENCE)  # more than a job holds: parts
+        job = parse_push_job(body, max_targets=MAX_AUDIENCE)  # more than a job holds: parts
     except InvalidPushJob as exc:
         where, _, message = str(exc).partition(": ")
         raise invalid((re.sub(r"\[(\d+)\]", r".\1", where), message)) from None
+    # Accepted, every iOS device would fail PayloadTooLarge: say so now.
+    if (problem := apns_payload_problem(job)) is not None:
+        raise invalid(("body.notification", problem))
     return request
 
 

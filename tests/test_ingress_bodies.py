@@ -113,3 +113,35 @@ async def test_what_the_worker_refuses_the_door_refuses(
         )
     assert answer.status_code == 400, answer.text
     assert await db.fetchval("SELECT count(*) FROM outbox") == 0
+
+
+@pytest.mark.parametrize(
+    ("platform", "push_type", "pad", "status"),
+    [
+        ("ios", None, 5_000, 400),  # past 4,096: every device would fail PayloadTooLarge
+        ("ios", "voip", 4_500, 202),  # VoIP takes 5,120
+        ("ios", "voip", 6_000, 400),
+        ("android", None, 5_000, 202),  # APNs' rule: no iOS device, no refusal
+    ],
+    ids=["ios-5000", "voip-4500", "voip-6000", "android-5000"],
+)
+async def test_a_payload_apns_would_refuse_is_refused_at_the_door(
+    served: Served, db: DbConnection, platform: str, push_type: str | None, pad: int, status: int
+) -> None:
+    job: dict[str, object] = {
+        "targets": [{"platform": platform, "token": "device-token-1"}],
+        "notification": {"title": "Shipped", "data": {"pad": "x" * pad}},
+        "idempotency_key": f"k-{platform}-{pad}",
+    }
+    if push_type is not None:
+        job["push_type"] = push_type
+    async with httpx.AsyncClient(base_url=served.url, timeout=30) as http:
+        answer = await http.post(
+            "/v1/messages", json=job, headers={"Authorization": f"Bearer {served.key}"}
+        )
+    assert answer.status_code == status, answer.text
+    if status == 400:
+        [detail] = answer.json()["details"]
+        assert detail["field"] == "body.notification"
+        assert "APNs takes at most" in detail["message"], detail
+        assert await db.fetchval("SELECT count(*) FROM outbox") == 0

@@ -32,6 +32,7 @@ from typing import Any
 from consumers.message.envelope import loads_json
 from consumers.settings import MAX_BODY_BYTES
 from providers import Notification, Platform, Priority, Push, Target
+from providers.apns_wire import apns_body, payload_limit
 
 MAX_TARGETS = 500  # devices of one job (one AMQP message); more: consumers.push.parts
 MAX_AUDIENCE = 100_000  # devices of one send, split into parts (consumers.push.parts)
@@ -101,6 +102,22 @@ def push_job_body(
             job[name] = value
     parse_push_job(job)  # refuse to build what a worker would dead-letter
     return job
+
+
+def apns_payload_problem(job: PushJob) -> str | None:
+    """Why APNs would refuse every iOS push of `job` (its payload is too large), or None.
+
+    The send API asks it at the door; a job published straight to the queue
+    meets the same rule in `ApnsProvider.send` (PayloadTooLarge, device by device).
+    """
+    ios = next((t for t in job.targets if t.platform is Platform.IOS), None)
+    if ios is None:
+        return None
+    push = job.push_for(ios)
+    size, limit = len(apns_body(push)), payload_limit(push.effective_push_type)
+    if size <= limit:
+        return None
+    return f"the APNs payload would be {size:,} bytes; APNs takes at most {limit:,}"
 
 
 def devices_named(body: bytes, *, max_body_bytes: int) -> int:
