@@ -100,7 +100,7 @@ def validated(body: dict[str, Any]) -> SendRequest:
         raise invalid((re.sub(r"\[(\d+)\]", r".\1", where), message)) from None
     # Accepted, every iOS device would fail PayloadTooLarge: say so now.
     if (problem := apns_payload_problem(job)) is not None:
-        raise invalid(("body.notification", problem))
+        raise invalid(("notification", problem))
     return request
 
 

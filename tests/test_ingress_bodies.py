@@ -142,6 +142,6 @@ async def test_a_payload_apns_would_refuse_is_refused_at_the_door(
     assert answer.status_code == status, answer.text
     if status == 400:
         [detail] = answer.json()["details"]
-        assert detail["field"] == "body.notification"
+        assert detail["field"] == "notification"
         assert "APNs takes at most" in detail["message"], detail
         assert await db.fetchval("SELECT count(*) FROM outbox") == 0
