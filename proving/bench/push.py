@@ -53,7 +53,6 @@ from providers import ApnsProvider, ApnsSettings, Platform, Provider, Target
 from proving.bench import schedstat
 from proving.bench.providers import LATENCY, FakeServer, one_run
 from proving.bench.stopwatch import Stopwatch
-from proving.bench.stopwatch import Timing as StopwatchTiming
 from proving.deadlines import ANSWER_S, within
 
 PROVIDER_CONCURRENCY = 200
@@ -225,8 +224,7 @@ async def provider_run(fake: FakeServer, sends: int) -> tuple[float, str]:
     before, started = schedstat.read(), time.perf_counter()
     rate = await one_run(provider, Platform.IOS, sends, PROVIDER_CONCURRENCY)
     after, seconds = schedstat.read(), time.perf_counter() - started
-    cpu = after - before if before and after else None
-    return rate, StopwatchTiming(messages=sends, seconds=seconds, cpu=cpu).cpu_shares()
+    return rate, schedstat.shares(after - before if before and after else None, seconds)
 
 
 async def bench(

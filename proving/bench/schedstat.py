@@ -35,3 +35,10 @@ def read() -> CpuTimes | None:
         return CpuTimes(ran=int(ran) / 1e9, waited=int(waited) / 1e9)
     except (OSError, ValueError):
         return None
+
+
+def shares(cpu: CpuTimes | None, seconds: float) -> str:
+    """`ran=55% waited=36%`: `cpu` as shares of a window of `seconds`; empty if unknown."""
+    if cpu is None or seconds <= 0:
+        return ""
+    return f"ran={cpu.ran / seconds:.0%} waited={cpu.waited / seconds:.0%}"

@@ -48,9 +48,7 @@ class Timing:
     def cpu_shares(self) -> str:
         """`ran=55% waited=36%`: the consumer thread's share of the run on a CPU and
         waiting for one; empty where not measured."""
-        if self.cpu is None or self.seconds <= 0:
-            return ""
-        return f"ran={self.cpu.ran / self.seconds:.0%} waited={self.cpu.waited / self.seconds:.0%}"
+        return schedstat.shares(self.cpu, self.seconds)
 
 
 class _Channel:
