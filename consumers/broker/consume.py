@@ -38,9 +38,9 @@ from typing import Any, Protocol, cast
 
 import aio_pika
 import aiormq
+import structlog
 from aio_pika.abc import AbstractIncomingMessage, ConsumerTag, HeadersType
 from aio_pika.exceptions import ChannelInvalidStateError, MessageProcessError
-import structlog
 from aiormq.abc import DeliveredMessage
 from pamqp import commands
 from pamqp.common import Arguments
