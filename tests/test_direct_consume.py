@@ -5,18 +5,15 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections import deque
-from typing import Any, cast
+from typing import cast
 
 import aio_pika
 import aiormq
 import pytest
 
 from consumers import App, Context, Publisher, RetryPolicy, Settings, Worker
-from consumers.broker.connection import connect
 from consumers.broker.consume import Delivery, DirectConsumer, RawDelivery
 from dedupe import DbConnection
-from proving.deadlines import ANSWER_S
-from tests.conftest import AMQP_URL
 from tests.support import close_broker_connections, wait_for
 
 needs_rabbitmqctl = pytest.mark.skipif(
@@ -94,35 +91,6 @@ async def test_batch_loop_buffers_raw_deliveries_and_acks_them_after_commit(
 
 
 @needs_rabbitmqctl
-async def test_deliveries_reach_the_consumer_in_the_channel_reader_without_a_task_each(
-    queue_name: str,
-) -> None:
-    """No task per delivery: aiormq's reader hands each one over itself, in order."""
-    connection = await connect([AMQP_URL], name="test-inline")
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(queue_name, auto_delete=True)
-        handed: list[tuple[asyncio.Task[object] | None, int]] = []
-        done = asyncio.Event()
-
-        def on_delivery(delivery: Delivery) -> None:
-            assert isinstance(delivery, RawDelivery)
-            handed.append((asyncio.current_task(), int(delivery.body)))
-            if len(handed) == 50:
-                done.set()
-
-        await queue.consume(cast(Any, DirectConsumer(on_delivery)))
-        for n in range(50):
-            await channel.default_exchange.publish(
-                aio_pika.Message(str(n).encode()), routing_key=queue_name
-            )
-        async with asyncio.timeout(ANSWER_S):
-            await done.wait()
-    tasks = {id(task) for task, _ in handed}
-    assert len(tasks) == 1, f"{len(tasks)} tasks handed 50 deliveries over"
-    assert [n for _, n in handed] == list(range(50))
-
-
 async def test_direct_consumer_is_restored_after_the_broker_drops_the_connection(
     db: DbConnection,
     queue_name: str,
