@@ -64,6 +64,9 @@ async def serve(console: ConsoleSettings, settings: Settings) -> int:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((console.host, console.port))
+    # Listening from here: a connect made once the line below is out waits in
+    # the backlog until uvicorn accepts it, however late uvicorn starts.
+    sock.listen(socket.SOMAXCONN)
     host, port = sock.getsockname()[:2]
     server = _Server(
         uvicorn.Config(app, access_log=False, log_config=None, timeout_graceful_shutdown=5)
@@ -71,10 +74,13 @@ async def serve(console: ConsoleSettings, settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop_soon)
-    # A line a parent process (a test) waits for: the port is chosen now.
+    # A line a parent process (a test) waits for: the port is chosen and open.
     print(f"console: listening on http://{host}:{port}", flush=True)
     log.info("console_listening", host=host, port=port, queues=list(console.queues))
-    await server.serve(sockets=[sock])
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        sock.close()
     return 0
 
 

@@ -7,8 +7,10 @@ the browser tests have the real worker make them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -16,11 +18,16 @@ from pathlib import Path
 
 import aio_pika
 import httpx
+import pytest
+import uvicorn
 
+from console import serve as serve_module
+from console.settings import ConsoleSettings
 from consumers import Settings, dead_letter_queue
 from consumers.broker.topology import declare
 from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER
 from dedupe import DbConnection, Messages, NewMessage, fingerprint, job_message_id
+from proving.deadlines import ANSWER_S
 from tests.apps.effects import FAST_RETRY
 from tests.conftest import AMQP_URL, DATABASE_URL
 from tests.console_support import (
@@ -40,6 +47,9 @@ async def _topology(channel: aio_pika.abc.AbstractChannel, settings: Settings, q
     for n in (1, 2):
         headers = {"x-reason": "held_back", DEAD_LETTERED_AT_HEADER: now_ms}
         await publish(channel, dead_letter_queue(queue), f"order-{n}", {"n": n}, headers)
+
+
+LISTENING = re.compile(r"console: listening on http://[\d.]+:(\d+)")
 
 
 def _intent(page: str) -> str:
@@ -236,3 +246,40 @@ async def test_a_send_api_jobs_page_shows_its_key_message_and_outbox_rows(
     assert page.status_code == 200
     assert "key-&lt;1&gt;" in page.text and str(accepted[0].id) in page.text
     assert "queued" in page.text and "No outbox rows" not in page.text
+
+
+async def test_the_console_accepts_connections_once_it_says_it_is_listening(
+    db: DbConnection,
+    settings: Settings,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The line a parent waits for is printed once a connect to the port succeeds, however
+    late uvicorn starts (a busy machine): here its start is held until the connect is tried."""
+    connected = asyncio.Event()
+    original = serve_module._Server.serve
+
+    async def held(self: uvicorn.Server, sockets: list[socket.socket] | None = None) -> None:
+        await connected.wait()
+        await original(self, sockets=sockets)
+
+    monkeypatch.setattr(serve_module._Server, "serve", held)
+    server = asyncio.create_task(serve_module.serve(ConsoleSettings(port=0), settings))
+    try:
+        printed = ""
+        async with asyncio.timeout(ANSWER_S):
+            while (
+                said := re.search(r"console: listening on http://[\d.]+:(\d+)", printed)
+            ) is None:
+                await asyncio.sleep(0.01)
+                printed += capsys.readouterr().out
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", int(said.group(1))), ANSWER_S
+        )
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        connected.set()
+        server.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await server
