@@ -268,9 +268,7 @@ async def test_the_console_accepts_connections_once_it_says_it_is_listening(
     try:
         printed = ""
         async with asyncio.timeout(ANSWER_S):
-            while (
-                said := re.search(r"console: listening on http://[\d.]+:(\d+)", printed)
-            ) is None:
+            while (said := LISTENING.search(printed)) is None:
                 await asyncio.sleep(0.01)
                 printed += capsys.readouterr().out
         _, writer = await asyncio.wait_for(
