@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 from collections.abc import Iterator, Sequence
 
 import asyncpg
@@ -20,6 +19,7 @@ import uvicorn
 from console.app import create_app
 from console.settings import ConsoleSettings
 from console.tokens import Role, Tokens
+from consumers.runtime.listening import listening_socket
 from consumers.settings import Settings
 from dedupe import check_schema
 
@@ -61,12 +61,7 @@ async def serve(console: ConsoleSettings, settings: Settings) -> int:
     finally:
         await conn.close()
     app = create_app(settings, console)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((console.host, console.port))
-    # Listening from here: a connect made once the line below is out waits in
-    # the backlog until uvicorn accepts it, however late uvicorn starts.
-    sock.listen(socket.SOMAXCONN)
+    sock = listening_socket(console.host, console.port)  # a connect on the line below waits
     host, port = sock.getsockname()[:2]
     server = _Server(
         uvicorn.Config(app, access_log=False, log_config=None, timeout_graceful_shutdown=5)

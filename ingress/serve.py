@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from uvicorn.config import LifespanType
 
 from consumers import Settings
+from consumers.runtime.listening import BACKLOG, listening_socket
 from consumers.telemetry.failed_start import START_FAILURES, start_failed
 from ingress.api import create_app
 from ingress.key_commands import api_key_main
@@ -82,7 +83,7 @@ async def serve(ingress: IngressSettings, app: FastAPI) -> int:
         loop.add_signal_handler(sig, server.stop_soon)
     async with contextlib.AsyncExitStack() as started:
         try:
-            sock = started.enter_context(_bound(ingress))
+            sock = started.enter_context(listening_socket(ingress.host, ingress.port))
             await started.enter_async_context(app.router.lifespan_context(app))
         except START_FAILURES as error:
             return start_failed(error)
@@ -92,18 +93,6 @@ async def serve(ingress: IngressSettings, app: FastAPI) -> int:
         log.info("ingress_listening", host=host, port=port, queue=ingress.queue)
         await server.serve(sockets=[sock])
     return 0
-
-
-def _bound(ingress: IngressSettings) -> socket.socket:
-    """The server's socket, bound to IW_INGRESS_HOST and IW_INGRESS_PORT (0: any free port)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((ingress.host, ingress.port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def server_config(
@@ -121,7 +110,7 @@ def server_config(
         access_log=False,
         log_config=None,
         timeout_graceful_shutdown=10,
-        backlog=2048,
+        backlog=BACKLOG,
     )
 
 

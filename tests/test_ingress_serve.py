@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -15,8 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from consumers.runtime.listening import listening_socket
 from dedupe import DbConnection
 from ingress.client import Refused, SendClient
+from proving.deadlines import ANSWER_S
 from tests.conftest import DATABASE_URL
 from tests.support import ROOT, wait_for
 
@@ -158,3 +161,13 @@ def test_schemathesis_finds_no_failure_against_the_live_openapi(serving: Serving
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert "No issues found" in result.stdout
+
+
+async def test_the_servers_socket_accepts_a_connect_before_uvicorn_has_started() -> None:
+    """`serve` and `console` print their port once this socket is made: a connect then
+    waits in its backlog, however late uvicorn starts (here: never)."""
+    with listening_socket("127.0.0.1", 0) as sock:
+        port = sock.getsockname()[1]
+        _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), ANSWER_S)
+        writer.close()
+        await writer.wait_closed()

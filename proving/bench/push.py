@@ -224,7 +224,7 @@ async def provider_run(fake: FakeServer, sends: int) -> tuple[float, str]:
     before, started = schedstat.read(), time.perf_counter()
     rate = await one_run(provider, Platform.IOS, sends, PROVIDER_CONCURRENCY)
     after, seconds = schedstat.read(), time.perf_counter() - started
-    return rate, schedstat.shares(after - before if before and after else None, seconds)
+    return rate, schedstat.shares(schedstat.between(before, after), seconds)
 
 
 async def bench(

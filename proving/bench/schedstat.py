@@ -37,6 +37,11 @@ def read() -> CpuTimes | None:
         return None
 
 
+def between(first: CpuTimes | None, last: CpuTimes | None) -> CpuTimes | None:
+    """What the thread spent from `first` to `last`; None if either was not read."""
+    return last - first if first and last else None
+
+
 def shares(cpu: CpuTimes | None, seconds: float) -> str:
     """`ran=55% waited=36%`: `cpu` as shares of a window of `seconds`; empty if unknown."""
     if cpu is None or seconds <= 0:

@@ -101,7 +101,7 @@ class Stopwatch:
             seconds=self._last - self._first,
             p50_ms=statistics.median(latencies) * 1000,
             p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
-            cpu=self._cpu_last - self._cpu_first if self._cpu_first and self._cpu_last else None,
+            cpu=schedstat.between(self._cpu_first, self._cpu_last),
         )
 
     def _delivered(self, channel: object, tag: int) -> None:
