@@ -42,7 +42,8 @@ def test_leaves_do_not_import_consumers() -> None:
 # parts (the send API stores a large send as the publisher would split it), a
 # dead letter's header, the worker's own delivery object (the bench's stopwatch
 # times it as it times aio-pika's), the garbage collector as `run` sets it (the
-# benches measure what `run` does). Everything else comes through `consumers`'
+# benches measure what `run` does), the socket `serve` and `console` listen on
+# before they print their port. Everything else comes through `consumers`'
 # public face.
 INTERNAL_IMPORTS_ALLOWED = {
     "consumers.broker.consume",
@@ -51,6 +52,7 @@ INTERNAL_IMPORTS_ALLOWED = {
     "consumers.runtime.process",
     "consumers.runtime.collector",
     "consumers.telemetry.failed_start",
+    "consumers.runtime.listening",
     "consumers.push.job",
     "consumers.push.parts",
     "consumers.publishing.relay",
