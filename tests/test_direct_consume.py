@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections import deque
-from typing import cast
+from typing import Any, cast
 
 import aio_pika
 import aiormq
 import pytest
 
 from consumers import App, Context, Publisher, RetryPolicy, Settings, Worker
+from consumers.broker.connection import connect
 from consumers.broker.consume import Delivery, DirectConsumer, RawDelivery
 from dedupe import DbConnection
-from tests.support import close_broker_connections, wait_for
+from proving.deadlines import ANSWER_S
+from tests.conftest import AMQP_URL
+from tests.support import close_broker_connections, publish_confirmed, wait_for
 
 needs_rabbitmqctl = pytest.mark.skipif(
     shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl to close a connection"
@@ -88,6 +91,59 @@ async def test_batch_loop_buffers_raw_deliveries_and_acks_them_after_commit(
     declared = await channel.declare_queue(queue_name, passive=True)
     assert declared.declaration_result.message_count == 0
     assert seen == ["raw-1"]
+
+
+BACKLOG = 400  # waiting before the consumer starts: deliveries arrive during basic.consume
+STARTS = 5  # consumers started on it in turn, each a chance for a delivery to overtake
+
+
+async def _handed_over(
+    connection: aio_pika.abc.AbstractRobustConnection, queue_name: str
+) -> list[tuple[asyncio.Task[object] | None, int]]:
+    """Start a DirectConsumer on the backlog; each delivery's handing task and tag, unacked."""
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=BACKLOG)
+    queue = await channel.declare_queue(queue_name, passive=True)
+    handed: list[tuple[asyncio.Task[object] | None, int]] = []
+    done = asyncio.Event()
+
+    def on_delivery(delivery: Delivery) -> None:
+        assert isinstance(delivery, RawDelivery)
+        handed.append((asyncio.current_task(), delivery.delivery_tag or 0))
+        if len(handed) == BACKLOG:
+            done.set()
+
+    await queue.consume(cast(Any, DirectConsumer(on_delivery)))
+    async with asyncio.timeout(ANSWER_S):
+        await done.wait()
+    await channel.close()  # nothing acked: the backlog is back for the next start
+    return handed
+
+
+async def test_a_consumer_started_on_a_backlog_gets_each_delivery_in_tag_order_without_a_task(
+    queue_name: str,
+) -> None:
+    """Deliveries reach `on_delivery` in the channel's tag order, in aiormq's frame reader.
+
+    A batch acks `multiple=True` at its highest tag, so a delivery handed over
+    after a higher one of its channel would be acked before it was processed
+    (lost if the worker dies before its turn). The broker starts delivering a
+    backlog while `basic.consume` is still being answered: every one of those
+    must take the same path as the rest.
+    """
+    connection = await connect([AMQP_URL], name="test-direct-order")
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue(queue_name)
+        for n in range(BACKLOG):
+            await publish_confirmed(channel, aio_pika.Message(str(n).encode()), queue_name)
+        for start in range(STARTS):
+            handed = await _handed_over(connection, queue_name)
+            tags = [tag for _, tag in handed]
+            assert tags == list(range(1, BACKLOG + 1)), f"start {start}: out of order {tags[:20]}"
+            tasks = {id(task) for task, _ in handed}
+            assert len(tasks) == 1, f"start {start}: {len(tasks)} tasks handed the deliveries over"
+        await channel.queue_delete(queue_name)
 
 
 @needs_rabbitmqctl

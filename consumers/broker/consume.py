@@ -5,17 +5,22 @@ frames into a `DeliveredMessage` and starts a task for it; aio-pika's
 consumer coroutine builds an `IncomingMessage` (every property set through
 a checking `__setattr__`, expiration and timestamp converted); a second task
 runs the callback. A worker's batch loop only appends the delivery to its
-buffer, so the second task and most of the object are overhead on every
+buffer, so both tasks and most of the object are overhead on every
 message. Here:
 
 1. `RawDelivery` is the delivery built from aiormq's `DeliveredMessage`: the
    body, the properties decoding and republishing read, the tag and the
    channel, in a slotted object; `ack` and `nack` are aiormq's frames
    (parsed and written by pamqp and aiormq: nothing of AMQP is encoded here).
-2. `DirectConsumer(on_delivery)` is a consumer callback aiormq runs in the
-   task it starts per delivery: `on_delivery` is called there, synchronously,
-   with the `RawDelivery`. No task of ours, no `IncomingMessage`.
-3. `DirectQueue.consume` registers a `DirectConsumer` on the underlying aiormq
+2. `DirectConsumer(on_delivery)` is the consumer: `on_delivery` is called
+   synchronously with the `RawDelivery`, in the channel's own frame reader
+   (`deliver_inline`), as soon as aiormq has read the delivery's content. No
+   task per delivery, no `IncomingMessage`; and the deliveries of a channel
+   reach it in the order of their tags, which a batch's `multiple=True` ack
+   relies on (`consumers.pipeline.settle`).
+3. `DirectQueue.consume` switches the channel's reader to (2.) before it
+   sends `basic.consume` (a backlog is delivered while ConsumeOk is on its
+   way), registers a `DirectConsumer` on the underlying aiormq
    channel and records it where `aio_pika.RobustQueue` records its own
    consumers, so recovery keeps it: after a reconnect the restored queue
    consumes again through this `consume`; a broker's `basic.cancel` for it
@@ -33,16 +38,21 @@ Any other callback consumes through aio-pika, unchanged.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import aio_pika
 import aiormq
+import structlog
 from aio_pika.abc import AbstractIncomingMessage, ConsumerTag, HeadersType
 from aio_pika.exceptions import ChannelInvalidStateError, MessageProcessError
 from aiormq.abc import DeliveredMessage
+from pamqp import commands
 from pamqp.common import Arguments
+from pamqp.header import ContentHeader
 
 from consumers.message.envelope import Incoming
+
+log = structlog.get_logger(__name__)
 
 
 class Delivery(Incoming, Protocol):
@@ -125,7 +135,8 @@ class DirectConsumer:
         self.on_delivery = on_delivery
 
     async def deliver(self, message: DeliveredMessage) -> None:
-        """aiormq's consumer callback: runs in the task aiormq starts for the delivery."""
+        """aiormq's consumer callback, as registered: `deliver_inline` calls
+        `on_delivery` itself instead, without the task aiormq would start for this."""
         self.on_delivery(RawDelivery(message))
 
     async def __call__(self, message: AbstractIncomingMessage) -> None:
@@ -157,6 +168,13 @@ class DirectQueue(aio_pika.RobustQueue):
                 robust=robust,
             )
         channel = await self.channel.get_underlay_channel()
+        # Before basic.consume, never after: the broker starts delivering a
+        # backlog while ConsumeOk is on its way, and a delivery aiormq was
+        # still reading when the reader changed would reach `on_delivery`
+        # (in its task) after later ones had (inline). A batch's multiple ack
+        # would then settle it unprocessed. Installed first, every delivery of
+        # the consumer takes the one path, in the order of its tags.
+        deliver_inline(cast(aiormq.Channel, channel))
         result = await channel.basic_consume(
             queue=self.name,
             consumer_callback=callback.deliver,
@@ -175,6 +193,51 @@ class DirectQueue(aio_pika.RobustQueue):
                 callback=callback, no_ack=False, exclusive=exclusive, arguments=arguments
             )
         return tag
+
+
+def deliver_inline(channel: aiormq.Channel) -> None:
+    """Hand the channel's deliveries to its `DirectConsumer`s in its frame reader (2.).
+
+    aiormq's reader reads a delivery's content frames, then starts a task per
+    delivery for the consumer's coroutine (about 5 us a message here, with
+    aiormq's task bookkeeping). A `DirectConsumer` only appends to a buffer:
+    this channel's `_on_deliver_frame`, which aiormq's reader looks up on the
+    channel for every delivery, becomes `_on_deliver_frame_inline` below, which
+    reads the content as aiormq's does (`_get_frame`, `_read_content`) and calls
+    `on_delivery` at once. Any other consumer of the channel is run as aiormq
+    runs it. The reader task of a channel whose connection is replaced is gone
+    with it: a restored queue's `consume` installs this on the new channel.
+    """
+    if "_on_deliver_frame" in vars(channel):
+        return
+
+    async def on_deliver_frame(frame: commands.Basic.Deliver) -> None:
+        await _on_deliver_frame_inline(channel, frame)
+
+    channel._on_deliver_frame = on_deliver_frame  # type: ignore[method-assign]
+
+
+async def _on_deliver_frame_inline(channel: aiormq.Channel, frame: commands.Basic.Deliver) -> None:
+    """aiormq's `Channel._on_deliver_frame`, but a `DirectConsumer` runs inline."""
+    header = await channel._get_frame()
+    if not isinstance(header, ContentHeader):
+        raise ValueError(f"Unexpected frame {header!r} instead of ContentHeader", header)
+    message = await channel._read_content(frame, header)
+    if frame.consumer_tag is None:
+        log.warning("delivery_without_consumer_tag", delivery_tag=frame.delivery_tag)
+        return
+    consumer = channel.consumers.get(frame.consumer_tag)
+    if consumer is None:
+        return
+    direct = getattr(consumer, "__self__", None)
+    if not isinstance(direct, DirectConsumer):
+        task = channel.create_task(consumer(message))
+        task.add_done_callback(channel._on_consumer_done)
+        return
+    try:
+        direct.on_delivery(RawDelivery(message))
+    except Exception:  # as aiormq logs a failed consumer, and reads on
+        log.exception("consumer_callback_failed", delivery_tag=frame.delivery_tag)
 
 
 class DirectChannel(aio_pika.RobustChannel):
