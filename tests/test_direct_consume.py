@@ -146,6 +146,51 @@ async def test_a_consumer_started_on_a_backlog_gets_each_delivery_in_tag_order_w
         await channel.queue_delete(queue_name)
 
 
+async def test_a_delivery_whose_handover_fails_comes_back_and_no_later_ack_settles_it(
+    queue_name: str,
+) -> None:
+    """A delivery `on_delivery` raised on is handed back to the broker, never acked past unseen.
+
+    It is in no buffer: skipped, the next batch's multiple ack (here: the ack
+    of the delivery after it) would settle it at the broker unprocessed.
+    """
+    connection = await connect([AMQP_URL], name="test-direct-failed-handover")
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue(queue_name)
+        for n in range(3):
+            await publish_confirmed(channel, aio_pika.Message(str(n).encode()), queue_name)
+        consuming = await connection.channel()
+        await consuming.set_qos(prefetch_count=10)
+        queue = await consuming.declare_queue(queue_name, passive=True)
+        seen: list[int] = []
+        failed: list[int] = []
+        acks: set[asyncio.Task[None]] = set()
+        back = asyncio.Event()
+
+        def on_delivery(delivery: Delivery) -> None:
+            n = int(delivery.body)
+            if n == 1 and not failed:
+                failed.append(n)
+                raise RuntimeError("a handover that fails once")
+            seen.append(n)
+            if n == 2:  # as a batch acks: every delivery of the channel up to this one
+                ack = asyncio.get_running_loop().create_task(delivery.ack(multiple=True))
+                acks.add(ack)
+                ack.add_done_callback(acks.discard)
+            if n == 1:
+                back.set()
+
+        await queue.consume(cast(Any, DirectConsumer(on_delivery)))
+        try:
+            async with asyncio.timeout(ANSWER_S):
+                await back.wait()
+        except TimeoutError:
+            pytest.fail(f"delivery 1 never came back in {ANSWER_S:g} s; handed over: {seen}")
+        assert failed == [1]
+        await channel.queue_delete(queue_name)
+
+
 @needs_rabbitmqctl
 async def test_direct_consumer_is_restored_after_the_broker_drops_the_connection(
     db: DbConnection,

@@ -236,8 +236,17 @@ async def _on_deliver_frame_inline(channel: aiormq.Channel, frame: commands.Basi
         return
     try:
         direct.on_delivery(RawDelivery(message))
-    except Exception:  # as aiormq logs a failed consumer, and reads on
+    except Exception:
+        # Not skipped, as aiormq skips a delivery whose consumer task failed:
+        # it is in no buffer, and a batch's multiple ack at a later tag would
+        # settle it unprocessed. Handed back instead, before the reader hands
+        # over anything after it (the reject is queued ahead of every later
+        # ack): the broker redelivers it, its delivery-limit counting each time.
         log.exception("consumer_callback_failed", delivery_tag=frame.delivery_tag)
+        try:
+            await channel.basic_reject(frame.delivery_tag or 0, requeue=True, wait=False)
+        except Exception as exc:  # the channel closed: the broker takes it back anyway
+            log.warning("reject_failed", delivery_tag=frame.delivery_tag, error=repr(exc))
 
 
 class DirectChannel(aio_pika.RobustChannel):
