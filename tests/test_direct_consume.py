@@ -146,13 +146,16 @@ async def test_a_consumer_started_on_a_backlog_gets_each_delivery_in_tag_order_w
         await channel.queue_delete(queue_name)
 
 
+@pytest.mark.parametrize("path", ["inline", "aio-pika"])
 async def test_a_delivery_whose_handover_fails_comes_back_and_no_later_ack_settles_it(
-    queue_name: str,
+    queue_name: str, path: str
 ) -> None:
     """A delivery `on_delivery` raised on is handed back to the broker, never acked past unseen.
 
     It is in no buffer: skipped, the next batch's multiple ack (here: the ack
-    of the delivery after it) would settle it at the broker unprocessed.
+    of the delivery after it) would settle it at the broker unprocessed. Both
+    ways a `DirectConsumer` is reached: the channel's reader (`DirectQueue`),
+    and aio-pika's own `Queue.consume`, as a consumer aio-pika restores is.
     """
     connection = await connect([AMQP_URL], name="test-direct-failed-handover")
     async with connection:
@@ -181,7 +184,11 @@ async def test_a_delivery_whose_handover_fails_comes_back_and_no_later_ack_settl
             if n == 1:
                 back.set()
 
-        await queue.consume(cast(Any, DirectConsumer(on_delivery)))
+        consumer = cast(Any, DirectConsumer(on_delivery))
+        if path == "inline":
+            await queue.consume(consumer)
+        else:
+            await aio_pika.RobustQueue.consume(cast(aio_pika.RobustQueue, queue), consumer)
         try:
             async with asyncio.timeout(ANSWER_S):
                 await back.wait()

@@ -38,6 +38,7 @@ Any other callback consumes through aio-pika, unchanged.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Protocol, cast
 
 import aio_pika
@@ -127,21 +128,51 @@ class RawDelivery:
 
 
 class DirectConsumer:
-    """A consumer callback that hands each delivery to `on_delivery` (2. and 4.)."""
+    """A consumer callback that hands each delivery to `on_delivery` (2. and 4.).
+
+    A delivery `on_delivery` raised on is in no buffer: skipped, a batch's
+    multiple ack at a later tag of its channel would settle it unprocessed.
+    `_hand_back` returns it to the broker instead (`basic.reject`, requeued),
+    before the caller hands over anything after it, so the reject is queued
+    ahead of every later ack; the broker redelivers it, its delivery-limit
+    counting each return. Every path a delivery takes here goes through it.
+    """
 
     __slots__ = ("on_delivery",)
 
     def __init__(self, on_delivery: Callable[[Delivery], None]) -> None:
         self.on_delivery = on_delivery
 
+    def took(self, delivery: Delivery) -> bool:
+        """`on_delivery(delivery)`; False (logged) if it raised: then `_hand_back` it."""
+        try:
+            self.on_delivery(delivery)
+        except Exception:
+            log.exception("consumer_callback_failed", delivery_tag=delivery.delivery_tag)
+            return False
+        return True
+
+    async def hand_over(self, delivery: Delivery) -> None:
+        """`on_delivery(delivery)`, or, if it raised, the delivery handed back to the broker."""
+        if not self.took(delivery):
+            await _hand_back(delivery)
+
     async def deliver(self, message: DeliveredMessage) -> None:
-        """aiormq's consumer callback, as registered: `deliver_inline` calls
-        `on_delivery` itself instead, without the task aiormq would start for this."""
-        self.on_delivery(RawDelivery(message))
+        """aiormq's consumer callback, as registered: `deliver_inline` hands the
+        delivery over itself instead, without the task aiormq would start for this."""
+        await self.hand_over(RawDelivery(message))
 
     async def __call__(self, message: AbstractIncomingMessage) -> None:
         """aio-pika's: a consumer aio-pika restored through its own `Queue.consume`."""
-        self.on_delivery(message)
+        await self.hand_over(message)
+
+
+async def _hand_back(delivery: Delivery) -> None:
+    """Return a delivery no batch holds to the broker (requeued), not waiting for the write."""
+    try:
+        await delivery.channel.basic_reject(delivery.delivery_tag or 0, wait=False)
+    except Exception as exc:  # the channel closed: the broker takes it back anyway
+        log.warning("reject_failed", delivery_tag=delivery.delivery_tag, error=repr(exc))
 
 
 class DirectQueue(aio_pika.RobustQueue):
@@ -210,11 +241,7 @@ def deliver_inline(channel: aiormq.Channel) -> None:
     """
     if "_on_deliver_frame" in vars(channel):
         return
-
-    async def on_deliver_frame(frame: commands.Basic.Deliver) -> None:
-        await _on_deliver_frame_inline(channel, frame)
-
-    channel._on_deliver_frame = on_deliver_frame  # type: ignore[method-assign]
+    channel._on_deliver_frame = partial(_on_deliver_frame_inline, channel)  # type: ignore[method-assign]
 
 
 async def _on_deliver_frame_inline(channel: aiormq.Channel, frame: commands.Basic.Deliver) -> None:
@@ -234,19 +261,9 @@ async def _on_deliver_frame_inline(channel: aiormq.Channel, frame: commands.Basi
         task = channel.create_task(consumer(message))
         task.add_done_callback(channel._on_consumer_done)
         return
-    try:
-        direct.on_delivery(RawDelivery(message))
-    except Exception:
-        # Not skipped, as aiormq skips a delivery whose consumer task failed:
-        # it is in no buffer, and a batch's multiple ack at a later tag would
-        # settle it unprocessed. Handed back instead, before the reader hands
-        # over anything after it (the reject is queued ahead of every later
-        # ack): the broker redelivers it, its delivery-limit counting each time.
-        log.exception("consumer_callback_failed", delivery_tag=frame.delivery_tag)
-        try:
-            await channel.basic_reject(frame.delivery_tag or 0, requeue=True, wait=False)
-        except Exception as exc:  # the channel closed: the broker takes it back anyway
-            log.warning("reject_failed", delivery_tag=frame.delivery_tag, error=repr(exc))
+    delivery = RawDelivery(message)
+    if not direct.took(delivery):  # the reader hands over nothing after it before this
+        await _hand_back(delivery)
 
 
 class DirectChannel(aio_pika.RobustChannel):
