@@ -65,6 +65,11 @@ class DatabaseSettings:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerSettings:
     prefetch: int = 1000  # unacknowledged deliveries per channel
+    # The same for a push queue's channels. A push job keeps its delivery for
+    # the provider's round trip and the ledger's two steps (about 0.35 s at a
+    # fake APNs's 20 ms), so the window must cover rate x that time: at 1,000
+    # one-device jobs the worker waited on the window, not on work.
+    push_prefetch: int = 2000
     # Devices of the push jobs a worker takes from one push queue's deliveries
     # and holds until they settle: memory follows this, not a send's size. A
     # job larger than it goes alone. About what FCM's 32 threads start in one
@@ -86,6 +91,8 @@ class WorkerSettings:
             raise ValueError("handler_timeout_seconds and watchdog_grace_seconds must be positive")
         if self.push_held_devices < 1:
             raise ValueError("push_held_devices must be at least 1")
+        if self.prefetch < 1 or self.push_prefetch < 1:
+            raise ValueError("prefetch and push_prefetch must be at least 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,6 +165,7 @@ class Settings:
             ),
             worker=WorkerSettings(
                 prefetch=int(env.get("IW_PREFETCH", "1000")),
+                push_prefetch=int(env.get("IW_PUSH_PREFETCH", "2000")),
                 push_held_devices=int(env.get("IW_PUSH_HELD_DEVICES", "10000")),
                 max_batch=int(env.get("IW_MAX_BATCH", "500")),
                 concurrency=int(env.get("IW_CONCURRENCY", "1")),

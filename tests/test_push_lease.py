@@ -80,7 +80,7 @@ async def test_slow_fanout_with_a_duplicate_after_the_lease_sends_no_device_twic
         body = push_job_body(targets=targets, title="Sale", body="Today only")
         app = lease_app(queue_name, apns, fcm)
         # The first worker holds one delivery at a time: the duplicate goes to the second.
-        holding_one = replace(settings, worker=replace(settings.worker, prefetch=1))
+        holding_one = replace(settings, worker=replace(settings.worker, push_prefetch=1))
         async with Worker(app, holding_one), Worker(app, settings):
             await publisher.publish(queue_name, body, message_id="fanout-1")
             await wait_for(lambda: _some(requests))

@@ -46,7 +46,7 @@ async def test_a_job_longer_than_its_lease_sends_every_device_once(
         targets = [
             Target(platform=Platform.ANDROID, token=f"dev-{n:04d}-xx") for n in range(DEVICES)
         ]
-        one = replace(settings, worker=replace(settings.worker, prefetch=1))
+        one = replace(settings, worker=replace(settings.worker, push_prefetch=1))
         async with Worker(app, one), Worker(app, one):
             await publisher.publish(
                 queue_name, push_job_body(targets=targets, body="Sale"), message_id="sale-1"

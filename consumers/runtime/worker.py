@@ -3,12 +3,12 @@
 Every queue of every handler is checked against what the broker holds before
 any is declared (`consumers.broker.conflicts`: a conflict is a
 `TopologyConflict`, and nothing is declared). Then for each handler the
-worker declares the topology, opens `concurrency`
-channels with `prefetch` each, and runs one batch loop per channel (a push
-queue's loops hold at most `push_held_devices` devices between them). A loop
-takes everything buffered (up to `max_batch`) as soon as the previous batch
-is settled: no timer, so a quiet queue gets latency of one commit and a busy
-one gets large batches.
+worker declares the topology, opens `concurrency` channels with `prefetch`
+each (`push_prefetch` for a push queue), and runs one batch loop per channel
+(a push queue's loops hold at most `push_held_devices` devices between them).
+A loop takes everything buffered (up to `max_batch`) as soon as the previous
+batch is settled: no timer, so a quiet queue gets latency of one commit and a
+busy one gets large batches.
 
 `stop()` (SIGTERM in the CLI): cancel the consumers, finish and commit the
 batches already delivered, ack them, close. What the grace period does not
@@ -136,6 +136,7 @@ class Worker:
             worker=self.worker_id,
             queues=list(self.app.specs),
             prefetch=ws.prefetch,
+            push_prefetch=ws.push_prefetch,
             push_held_devices=ws.push_held_devices,
             max_batch=ws.max_batch,
             concurrency=ws.concurrency,
@@ -198,7 +199,9 @@ class Worker:
             holding = Holding(limit=ws.push_held_devices, weigh=weigh)
         for n in range(ws.concurrency):
             channel = await self._connection.channel(publisher_confirms=False)
-            await channel.set_qos(prefetch_count=ws.prefetch)
+            await channel.set_qos(
+                prefetch_count=ws.prefetch if spec.push is None else ws.push_prefetch
+            )
             if n == 0:
                 await declare(channel, spec.queue, spec.retry, self.settings.amqp)
             # Declared (passively) on the robust channel, not `get_queue(ensure=False)`:

@@ -68,7 +68,7 @@ class Setup:
     """One worker configuration and job shape to measure."""
 
     max_batch: int
-    prefetch: int
+    prefetch: int  # the push queue's window (`push_prefetch`)
     concurrency: int
     fanout: bool = False
 
@@ -152,7 +152,7 @@ async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int)
             url=base.database.url, schema=schema, pool_size=base.database.pool_size
         ),
         worker=WorkerSettings(
-            max_batch=setup.max_batch, prefetch=setup.prefetch, concurrency=setup.concurrency
+            max_batch=setup.max_batch, push_prefetch=setup.prefetch, concurrency=setup.concurrency
         ),
     )
     admin = await asyncpg.connect(base.database.url, timeout=ANSWER_S)
@@ -319,7 +319,9 @@ def main(argv: list[str] | None = None) -> None:
     ws = base.worker
     shapes = {"both": (False, True), "single": (False,), "fanout": (True,)}[args.shape]
     setups = [
-        Setup(max_batch=ws.max_batch, prefetch=ws.prefetch, concurrency=ws.concurrency, fanout=f)
+        Setup(
+            max_batch=ws.max_batch, prefetch=ws.push_prefetch, concurrency=ws.concurrency, fanout=f
+        )
         for f in shapes
     ]
     if args.sweep:
