@@ -11,7 +11,9 @@ no child and exits 78 itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import subprocess
 from collections.abc import Mapping
 from typing import Any
@@ -21,10 +23,11 @@ import pika
 import pytest
 
 from consumers import AmqpSettings, App, Context, Settings, Worker, dead_letter_queue, tier_queue
-from consumers.broker.conflicts import TopologyConflict
+from consumers.broker.conflicts import TopologyConflict, check_broker
 from consumers.broker.topology import declarations, declare, tier_arguments
 from consumers.runtime.process import EXIT_CONFIG
 from dedupe import DbConnection
+from proving.deadlines import ANSWER_S, within
 from tests.apps.effects import FAST_RETRY
 from tests.conftest import AMQP_URL, Spawn
 from tests.support import WorkerProcess
@@ -200,3 +203,51 @@ async def test_the_check_leaves_no_channel_open_behind_it(
         held = broker_channels(f"idempotent-workers {worker.worker_id}")
     # The publisher-confirms channel, and one per batch loop.
     assert held == 1 + settings.worker.concurrency * len(app.specs)
+
+
+class _Errors(logging.Handler):
+    """aiormq's records at ERROR and above: a traceback in the worker's log."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+STOPS = 30  # moments spread over one whole check; with aiormq's own cancel, 16 of 40 raised
+
+
+async def test_a_stop_during_the_check_ends_it_without_an_error_of_the_broker(
+    queue_name: str,
+) -> None:
+    """SIGTERM while a worker starts cancels its topology check (`start_abandoned`).
+
+    Cancelled in the middle of a declare the broker refuses, aiormq closed the
+    channel itself after the broker had closed it: RabbitMQ then closed the
+    whole connection with CHANNEL_ERROR and aiormq logged a traceback into the
+    worker's log (test_the_supervisor_restarts_no_child_refused_by_configuration_and_exits_78
+    saw one in CI).
+    """
+    await asyncio.to_thread(pika_declare, queue_name)
+    urls = (AMQP_URL,)
+    ours = declarations(queue_name, FAST_RETRY, AmqpSettings(urls=urls))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(TopologyConflict):
+        await check_broker(urls, ours)
+    whole = loop.time() - started
+    errors = _Errors()
+    logging.getLogger("aiormq").addHandler(errors)
+    try:
+        for n in range(STOPS):
+            checking = asyncio.create_task(check_broker(urls, ours))
+            await asyncio.sleep(whole * n / STOPS)
+            checking.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TopologyConflict):
+                await within(ANSWER_S, "a cancelled check", checking)
+    finally:
+        logging.getLogger("aiormq").removeHandler(errors)
+    assert errors.messages == [], f"{len(errors.messages)} of {STOPS} stops: {errors.messages[0]}"
+    assert await existing(every_queue(queue_name)) == [queue_name]

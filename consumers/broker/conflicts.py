@@ -26,6 +26,7 @@ it be deleted in between, that declare creates it, with the arguments asked.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -34,9 +35,11 @@ from typing import Any
 import aio_pika
 import aiormq
 
+from consumers.broker.connection import connect_once
 from consumers.message.decisions import ConfigurationError
 
 MAX_PROBES = 16  # declares per existing queue: one per argument we set, and more than enough
+STOPPED_CHECK_S = 5.0  # a check whose connection was closed under it ends by then, or is cancelled
 _INEQUIVALENT = re.compile(
     r"inequivalent arg '(?P<arg>[^']+)' for queue .*: received .* but current is"
     r" (?:none|the value '(?P<typed>.*)' of type '(?P<type>[^']+)'|'(?P<plain>.*)')$"
@@ -69,6 +72,38 @@ class TopologyConflict(ConfigurationError):
         self.declared = {"durable": declaration.durable, **declaration.arguments}
         self.refused = refused
         self.existing = dict(existing)
+
+
+async def check_broker(urls: Sequence[str], declarations: Sequence[QueueDeclaration]) -> None:
+    """`check()` on a plain connection of its own, closed after.
+
+    Plain, not robust: a channel the broker closes (NOT_FOUND,
+    PRECONDITION_FAILED) stays closed, where a robust one would be reopened in
+    the background and kept open for as long as the worker runs.
+
+    A cancel (SIGTERM while the worker starts) closes the connection first,
+    then ends the check: aiormq answers a cancelled call by closing its
+    channel, and when the call was a declare the broker refuses, the broker
+    has closed that channel already and takes the second close for a frame on
+    a closed channel, closing the whole connection with CHANNEL_ERROR (and
+    aiormq logs a traceback). A connection closed under the call ends it
+    with no channel close.
+    """
+    connection = await connect_once(urls)
+    checking = asyncio.ensure_future(check(connection, declarations))
+    try:
+        await asyncio.shield(checking)
+    except asyncio.CancelledError:
+        await connection.close()
+        # Its calls fail with the connection, so it ends within a turn or two of the loop.
+        await asyncio.wait([checking], timeout=STOPPED_CHECK_S)
+        if not checking.done():
+            checking.cancel()
+        elif not checking.cancelled():
+            checking.exception()  # retrieved: a stopped check's outcome is not news
+        raise
+    finally:
+        await connection.close()
 
 
 async def check(

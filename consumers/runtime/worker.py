@@ -29,8 +29,8 @@ import aio_pika
 import asyncpg
 import structlog
 
-from consumers.broker.conflicts import check
-from consumers.broker.connection import connect, connect_once
+from consumers.broker.conflicts import check_broker
+from consumers.broker.connection import connect
 from consumers.broker.consume import DirectConsumer
 from consumers.broker.headers import read_leniently
 from consumers.broker.topology import declarations, declare
@@ -143,25 +143,16 @@ class Worker:
         )
 
     async def _check_topology(self) -> None:
-        """Raise TopologyConflict if a queue exists otherwise (`consumers.broker.conflicts`).
-
-        On a plain connection of its own: a channel the broker closes (NOT_FOUND,
-        PRECONDITION_FAILED) stays closed, where a robust one would be reopened in
-        the background and kept open for as long as the worker runs.
-        """
+        """Raise TopologyConflict if a queue exists otherwise (`consumers.broker.conflicts`)."""
         amqp = self.settings.amqp
-        checking = await connect_once(amqp.urls)
-        try:
-            await check(
-                checking,
-                [
-                    declaration
-                    for spec in self.app.specs.values()
-                    for declaration in declarations(spec.queue, spec.retry, amqp)
-                ],
-            )
-        finally:
-            await checking.close()
+        await check_broker(
+            amqp.urls,
+            [
+                declaration
+                for spec in self.app.specs.values()
+                for declaration in declarations(spec.queue, spec.retry, amqp)
+            ],
+        )
 
     async def _provider(self, spec: HandlerSpec) -> Provider:
         """The queue's provider, built once inside the running loop."""
