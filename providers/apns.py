@@ -143,7 +143,9 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
 
         First in first out, and an update wakes only the waiters its credit has
         room for: one event set for every waiter on every WINDOW_UPDATE made
-        thousands of sends wake, find no room and wait again, per update.
+        thousands of sends wake, find no room and wait again, per update. So a
+        waiter woken here starts on this connection, or hands the room on
+        (`wake_writers`): nothing else wakes the waiters behind it.
         """
         turn = self.loop.create_future()
         self.writers.append((size, turn))
@@ -152,10 +154,10 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
         except asyncio.CancelledError:
             if not turn.done():
                 self.writers.remove((size, turn))
-            self._wake_writers()  # its credit, or its place at the head, goes to the next
+            self.wake_writers()  # its credit, or its place at the head, goes to the next
             raise
 
-    def _wake_writers(self) -> None:
+    def wake_writers(self) -> None:
         room = self._window()
         closed = self.closed.done() or self.transport is None or self.transport.is_closing()
         while self.writers:
@@ -231,7 +233,7 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
                 if isinstance(event, RemoteSettingsChanged):
                     self.stream_limit = self._read_stream_limit()
                     self.peer_settings.set()
-                self._wake_writers()
+                self.wake_writers()
         self.flush()
 
     def flush(self) -> None:
@@ -257,7 +259,7 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
             self._finish(stream_id, Lost(reason="ConnectionLost"))
         if not self.closed.done():
             self.closed.set_result(None)
-        self._wake_writers()  # every one: they find it closed
+        self.wake_writers()  # every one: they find it closed
         self.peer_settings.set()  # wakes its waiters, who then find it closed
 
     def _flush_now(self) -> None:
@@ -361,10 +363,12 @@ class ApnsProvider:
                     raise NotStartedInTime("DeadlineBeforeStart", provider=self.name) from None
                 raise TransientProviderError("NoConnectionAvailable", provider=self.name) from None
         if loop.time() > start_by:
+            connection.wake_writers()  # the room it may have been woken for goes to the next
             raise NotStartedInTime("DeadlineBeforeStart", provider=self.name)
         try:
             answer = connection.start(headers, body)
         except NotSentError as exc:
+            connection.wake_writers()
             raise TransientProviderError(exc.reason, provider=self.name) from exc
         # asyncio.wait never cancels `answer`: a cancelled send leaves its stream alone.
         done, _ = await asyncio.wait((answer,), timeout=timeout)
@@ -429,6 +433,13 @@ class ApnsProvider:
             if connection.can_write(size):
                 return connection
             await connection.credit(size)
+            # Woken with room kept for it here: it starts here. Back in the pool it
+            # could be handed another connection, and then the room kept here woke
+            # no one: the sends still in line here waited for a WINDOW_UPDATE that
+            # nothing in flight would bring.
+            if connection.ready and connection.can_write(size):
+                return connection
+            connection.wake_writers()  # full or closing: the room goes to the next in line
 
     def _host(self) -> str:
         if self.settings.host is not None:

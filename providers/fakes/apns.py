@@ -57,7 +57,7 @@ class ApnsReply:
     connection (after reading the request, before answering), or `refuse` the stream
     (RST_STREAM REFUSED_STREAM), or `goaway`: GOAWAY naming the stream before this one
     as the last processed (this one and later ones unprocessed), then no more answers
-    on that connection."""
+    on that connection. With `until`, the stream stays open until the test sets it."""
 
     status: int = 200
     reason: str | None = None
@@ -66,6 +66,7 @@ class ApnsReply:
     retry_after: int | None = None
     refuse: bool = False
     goaway: bool = False
+    until: asyncio.Event | None = None  # answer once this is set (then after `latency`)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,6 +185,7 @@ class FakeApns:
         retry_after: int | None = None,
         refuse: bool = False,
         goaway: bool = False,
+        until: asyncio.Event | None = None,
         times: int | None = None,
     ) -> None:
         """Answer `token`'s next `times` requests (all, if None) this way; scripts queue up."""
@@ -196,6 +198,7 @@ class FakeApns:
             retry_after=retry_after,
             refuse=refuse,
             goaway=goaway,
+            until=until,
         )
         self._scripts.setdefault(token, deque()).append(_Script(reply=reply, remaining=times))
 
@@ -274,7 +277,7 @@ class _ServerConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.incoming: dict[int, _Incoming] = {}
         self.outgoing: dict[int, bytes] = {}
-        self.timers: dict[int, asyncio.TimerHandle] = {}
+        self.timers: dict[int, asyncio.TimerHandle | asyncio.Task[None]] = {}
         self.loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self.loop.create_future()
         encode = functools.partial(self.h2.encoder.encode, huffman=False)
@@ -368,9 +371,24 @@ class _ServerConnection(asyncio.Protocol):
             )
         )
         reply = self.fake.reply_for(token)
-        if reply.latency > 0:
+        if reply.until is not None and not reply.until.is_set():
+            self.timers[stream_id] = self.loop.create_task(
+                self.answer_once_let_go(stream_id, apns_id, reply)
+            )
+        elif reply.latency > 0:
             timer = self.loop.call_later(reply.latency, self.answer, stream_id, apns_id, reply)
             self.timers[stream_id] = timer
+        else:
+            self.answer(stream_id, apns_id, reply)
+
+    async def answer_once_let_go(self, stream_id: int, apns_id: str, reply: ApnsReply) -> None:
+        """Answer once the test lets go of the stream (cancelled with the connection)."""
+        assert reply.until is not None
+        await reply.until.wait()
+        if reply.latency > 0:
+            self.timers[stream_id] = self.loop.call_later(
+                reply.latency, self.answer, stream_id, apns_id, reply
+            )
         else:
             self.answer(stream_id, apns_id, reply)
 

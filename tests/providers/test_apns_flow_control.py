@@ -12,11 +12,19 @@ import asyncio
 
 import pytest
 
-from providers import ApnsProvider, Notification, PermanentProviderError, Platform, Push, Target
+from providers import (
+    ApnsProvider,
+    Notification,
+    PermanentProviderError,
+    Platform,
+    ProviderReceipt,
+    Push,
+    Target,
+)
 from providers.apns import _ExactlyOnceProtocol
 from providers.apns_wire import apns_body
 from providers.fakes.apns import FakeApns
-from tests.providers.pushes import ids_for
+from tests.providers.pushes import ids_for, push_to
 
 SENDS = 600
 PAD = "x" * 2_000  # a body of about 2 KB: some 30 fill the window
@@ -116,3 +124,58 @@ async def test_apns_payload_limits_are_apples(
         await apns.send(sized("past-limit", limit + 1), ids_for("past-limit"))
     assert caught.value.reason == "PayloadTooLarge"
     assert [r.token for r in fake_apns.requests] == ["at-limit"]
+
+
+HELD = 40  # the fake's stream limit: a connection with this many open is full
+BURST = 400  # 800 KB of bodies: most wait for credit
+
+
+async def test_a_send_woken_for_credit_starts_on_the_connection_whose_credit_woke_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A send waiting for credit on one connection, once woken, went back to the
+    pool, which hands out the first connection with a stream free: another one.
+    The room kept for it went unused, and the sends still in line were woken by
+    nothing (no data in flight there, so no WINDOW_UPDATE to come) until their
+    timeout. In the push bench's fan-out, 184 sends waited out their 10 s and
+    failed as NoConnectionAvailable on a connection with nothing in flight."""
+    # Closing a connection idle for 10 s (aioapns) woke the sends stuck on it, and so
+    # hid the fault, 10 s late: out of the way, a stuck send fails on its timeout.
+    monkeypatch.setattr(_ExactlyOnceProtocol, "INACTIVITY_TIME", 3600.0)
+    release = asyncio.Event()
+    async with FakeApns(max_concurrent_streams=HELD) as fake:
+        held_tokens = [f"held-{n}" for n in range(HELD)]
+        for token in held_tokens:
+            fake.script(token, until=release)
+        # A timeout no send comes near unless it is stuck: then it fails, and says so.
+        provider = ApnsProvider(fake.settings(timeout_seconds=30.0, max_connections=2))
+        held = [asyncio.ensure_future(provider.send(push_to(t), ids_for(t))) for t in held_tokens]
+        burst: list[asyncio.Future[ProviderReceipt]] = []
+        try:
+            async with asyncio.timeout(10):  # the fake reads in microseconds
+                while len(fake.requests) < HELD:  # the first connection is full
+                    await asyncio.sleep(0.001)
+            # The first connection is full: the pool opens a second one.
+            await provider.send(push_to("second"), ids_for("second"))
+            tokens = [f"device-{n}" for n in range(BURST)]
+            # They go to the second connection and queue for its credit.
+            burst = [
+                asyncio.ensure_future(provider.send(large_push(t), ids_for(t))) for t in tokens
+            ]
+            async with asyncio.timeout(10):
+                while len(fake.requests) < HELD + BURST // 10:
+                    await asyncio.sleep(0)  # each loop turn: most of the burst still in line
+            assert provider._pool is not None
+            in_line = sum(len(c.writers) for c in provider._pool.connections)
+            release.set()  # the first connection empties: the pool hands it out first again
+            results = await asyncio.gather(*burst, *held, return_exceptions=True)
+        finally:
+            release.set()
+            for send in [*burst, *held]:
+                send.cancel()
+            await provider.aclose()
+
+    assert fake.connections_opened == 2
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert not failed, f"{len(failed)} of {BURST + HELD} sends failed, first: {failed[0]!r}"
+    assert in_line > BURST // 2, f"only {in_line} sends in line for credit: the test proved nothing"
