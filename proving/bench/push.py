@@ -314,6 +314,11 @@ def main(argv: list[str] | None = None) -> None:
         default="asyncio",
         help="the event loop (asyncio: what `idempotent-workers run` uses)",
     )
+    parser.add_argument(
+        "--log-file",
+        default=os.devnull,
+        help="where the worker's JSON log lines go (default: rendered and dropped)",
+    )
     args = parser.parse_args(argv)
     base = Settings.from_env()
     ws = base.worker
@@ -335,9 +340,8 @@ def main(argv: list[str] | None = None) -> None:
     # provider's runs too, so the ratio compares like with like.
     collect_less()
     # Log lines rendered as JSON and written, as in production, but not onto the table.
-    with open(os.devnull, "w") as sink:
-        with contextlib.redirect_stderr(sink):
-            configure_logging("info", json=True)
+    with open(args.log_file, "wb") as sink:
+        configure_logging("info", json=True, file=sink)
         with FakeServer("apns") as fake, asyncio.Runner(loop_factory=_loop(args.loop)) as runner:
             try:
                 runner.run(bench(setups, base, fake, args))
