@@ -12,9 +12,7 @@ release made a 2,000-device send take twice as long.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
-from collections.abc import AsyncIterator
 
 from providers import Provider
 
@@ -29,8 +27,11 @@ class ProviderGate:
         self._busy: dict[int, int] = {}
         self._waiting: dict[int, deque[asyncio.Future[None]]] = {}
 
-    @contextlib.asynccontextmanager
-    async def slot(self, provider: Provider) -> AsyncIterator[None]:
+    def slot(self, provider: Provider) -> _Slot:
+        """`async with gate.slot(provider):` one send's time in the provider."""
+        return _Slot(self, provider)
+
+    async def _enter(self, provider: Provider) -> None:
         key = id(provider)
         waiting = self._waiting.setdefault(key, deque())
         if waiting or self._busy.get(key, 0) >= max(1, provider.max_in_flight):
@@ -46,10 +47,6 @@ class ProviderGate:
                 raise
         else:
             self._busy[key] = self._busy.get(key, 0) + 1
-        try:
-            yield
-        finally:
-            self._release(provider)
 
     def _release(self, provider: Provider) -> None:
         key = id(provider)
@@ -60,3 +57,21 @@ class ProviderGate:
             if not turn.done():
                 self._busy[key] += 1
                 turn.set_result(None)
+
+
+class _Slot:
+    """One send's slot: a class, not `contextlib.asynccontextmanager`, whose
+    generator and wrapper were a cost every send paid (1.4% of a one-device
+    worker's CPU in a profile)."""
+
+    __slots__ = ("_gate", "_provider")
+
+    def __init__(self, gate: ProviderGate, provider: Provider) -> None:
+        self._gate = gate
+        self._provider = provider
+
+    async def __aenter__(self) -> None:
+        await self._gate._enter(self._provider)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._gate._release(self._provider)
