@@ -52,6 +52,26 @@ async def test_every_variant_consumes_everything_once(
     assert "bench: done in " in out, out
 
 
+async def test_a_fixed_paced_rate_paces_there_without_the_framework(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--paced-rate`: two commits compared at one rate (the default, half the
+    framework's rate, paces a faster run harder)."""
+    options = parse(
+        [
+            *("--variants", "ceiling", "--messages", "60", "--repeats", "1"),
+            *("--paced-seconds", "1", "--paced-rate", "300"),
+        ]
+    )
+    assert await bench(options, settings) == 0
+    out = capsys.readouterr().out
+    paced = next(line for line in out.splitlines() if line.startswith("paced: rate="))
+    assert paced.startswith("paced: rate=300 msg/s (--paced-rate) ceiling p50="), paced
+    assert "at 300 msg/s (300 sent)" in out, out
+    with pytest.raises(SystemExit):
+        parse(["--paced-rate", "0"])
+
+
 def _rate(out: str, variant: str) -> float:
     """The msg/s of `variant`'s first progress line, `run VARIANT 1/1 N msgs R msg/s ...`."""
     for line in out.splitlines():

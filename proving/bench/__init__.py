@@ -156,13 +156,14 @@ async def bench(options: BenchOptions, settings: Settings) -> int:
                 say(f"profile of {options.profile}: {', '.join(map(str, rounds.profiles))}")
                 say(top(rounds.profiles))
             framework = results.get("framework")
-            if options.paced_seconds > 0 and framework is not None:
-                rate = framework.rate / 2
+            fixed = options.paced_rate
+            rate = fixed if fixed is not None else framework.rate / 2 if framework else None
+            if options.paced_seconds > 0 and rate is not None:
                 paced: dict[str, Timing] = {}
                 for variant in variants:
                     if variant.name in PACED_VARIANTS:
                         paced[variant.name] = await rounds.paced(variant, rate)
-                say(paced_line(rate, paced))
+                say(paced_line(rate, paced, fixed=fixed is not None))
             if options.prefill > 0:
                 seconds = await prefill(
                     admin,

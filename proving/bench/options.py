@@ -74,6 +74,7 @@ class BenchOptions:
     prefetch: int = 1000
     queue_type: QueueType | None = None  # None: the worker's setting (quorum by default)
     paced_seconds: float = 10.0  # 0: no paced mode
+    paced_rate: float | None = None  # msg/s of the paced mode; None: half the framework's rate
     prefill: int = 0  # rows put in processed_messages before a second round
     log_file: str = DEFAULT_LOG_FILE
     loop: EventLoop = EventLoop.ASYNCIO
@@ -125,6 +126,14 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         help="p99 latency at half the framework's (and the relay's) rate for this long (0: skip)",
     )
     parser.add_argument(
+        "--paced-rate",
+        type=float,
+        default=None,
+        metavar="MSG_PER_S",
+        help="pace at this rate instead of half the framework's, so that two commits or"
+        " two machines are compared at one rate",
+    )
+    parser.add_argument(
         "--prefill",
         type=int,
         default=0,
@@ -172,6 +181,8 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         slow_messages = messages if long_form else min(messages, SLOW_MESSAGES)
     if min(messages, slow_messages, args.repeats) < 1:
         parser.error("--messages, --slow-messages and --repeats must be at least 1")
+    if args.paced_rate is not None and not args.paced_rate >= 1:
+        parser.error("--paced-rate must be at least 1 message a second")
     return BenchOptions(
         messages=messages,
         slow_messages=slow_messages,
@@ -181,6 +192,7 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         prefetch=args.prefetch,
         queue_type=QueueType(args.queue_type) if args.queue_type else None,
         paced_seconds=args.paced_seconds,
+        paced_rate=args.paced_rate,
         prefill=args.prefill,
         log_file=args.log_file,
         loop=EventLoop(args.loop),

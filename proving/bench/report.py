@@ -65,13 +65,14 @@ def summary(results: Mapping[str, Result]) -> str:
     return "bench: " + " ".join(parts)
 
 
-def paced_line(rate: float, timings: Mapping[str, Timing]) -> str:
+def paced_line(rate: float, timings: Mapping[str, Timing], *, fixed: bool = False) -> str:
     """`paced: rate=… ceiling p50=…ms p99=…ms ran=…% waited=…% framework …`."""
     parts = [
         f"{name} p50={_ms(t.p50_ms)}ms p99={_ms(t.p99_ms)}ms {t.cpu_shares()}".rstrip()
         for name, t in timings.items()
     ]
-    return f"paced: rate={rate:.0f} msg/s (half of framework) " + " ".join(parts)
+    source = "--paced-rate" if fixed else "half of framework"
+    return f"paced: rate={rate:.0f} msg/s ({source}) " + " ".join(parts)
 
 
 def prefill_line(
