@@ -92,6 +92,7 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
     """One connection: streams keyed by id, data acknowledged, nothing ever resent."""
 
     _last_write = 0.0  # set by aioapns' __init__ already, through refresh_inactivity_timer
+    conn: ApnsH2Connection  # replaces aioapns' H2Connection in __init__
     SETTINGS_TIMEOUT = 10.0  # seconds for the server's first SETTINGS (the provider's timeout)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -103,8 +104,7 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
         # Sends waiting for flow-control credit, first in first out, each with its size.
         self.writers: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._flush_scheduled = False
-        # aioapns' own has h2's defaults: see providers.apns_h2 (`conn`, as aioapns types it).
-        self.h2 = self.conn = ApnsH2Connection()
+        self.conn = ApnsH2Connection()  # aioapns' own has h2's defaults: see providers.apns_h2
         self.stream_limit = self._read_stream_limit()  # read again on each SETTINGS
 
     def _read_stream_limit(self) -> int:
@@ -286,7 +286,7 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
         )
 
     def _finish(self, stream_id: int, outcome: Outcome) -> None:
-        self.h2.forget_closed(stream_id)
+        self.conn.forget_closed(stream_id)
         stream = self.streams.pop(stream_id, None)
         if stream is not None and not stream.answer.done():
             stream.answer.set_result(outcome)
@@ -372,7 +372,9 @@ class ApnsProvider:
         except NotSentError as exc:
             connection.wake_writers()
             raise TransientProviderError(exc.reason, provider=self.name) from exc
-        if not await _answered_within(answer, timeout):
+        # asyncio.wait never cancels `answer`: a cancelled send leaves its stream alone.
+        done, _ = await asyncio.wait((answer,), timeout=timeout)
+        if not done:
             connection.abandon(answer, grace=self.settings.timeout_seconds)
             self._abandoned.add(connection)
             connection.closed.add_done_callback(lambda _: self._abandoned.discard(connection))
@@ -487,31 +489,6 @@ class ApnsProvider:
         )
         self._pool = pool
         return pool
-
-
-async def _answered_within(answer: asyncio.Future[Outcome], seconds: float) -> bool:
-    """True once `answer` is done, False after `seconds`.
-
-    A cancelled send leaves its stream alone: the wait is on a future of its
-    own, never on `answer`. What `asyncio.wait((answer,), timeout=...)` does,
-    without the sets it builds for many futures, which a send paid each time.
-    """
-    if answer.done():
-        return True
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[bool] = loop.create_future()
-
-    def settle(_: object) -> None:
-        if not waiter.done():
-            waiter.set_result(answer.done())
-
-    timer = loop.call_later(seconds, settle, None)
-    answer.add_done_callback(settle)
-    try:
-        return await waiter
-    finally:
-        timer.cancel()
-        answer.remove_done_callback(settle)
 
 
 class _SharedTokenPool(APNsKeyConnectionPool):

@@ -375,20 +375,19 @@ class _ServerConnection(asyncio.Protocol):
             self.timers[stream_id] = self.loop.create_task(
                 self.answer_once_let_go(stream_id, apns_id, reply)
             )
-        elif reply.latency > 0:
-            timer = self.loop.call_later(reply.latency, self.answer, stream_id, apns_id, reply)
-            self.timers[stream_id] = timer
         else:
-            self.answer(stream_id, apns_id, reply)
+            self.answer_after_latency(stream_id, apns_id, reply)
 
     async def answer_once_let_go(self, stream_id: int, apns_id: str, reply: ApnsReply) -> None:
         """Answer once the test lets go of the stream (cancelled with the connection)."""
         assert reply.until is not None
         await reply.until.wait()
+        self.answer_after_latency(stream_id, apns_id, reply)
+
+    def answer_after_latency(self, stream_id: int, apns_id: str, reply: ApnsReply) -> None:
         if reply.latency > 0:
-            self.timers[stream_id] = self.loop.call_later(
-                reply.latency, self.answer, stream_id, apns_id, reply
-            )
+            timer = self.loop.call_later(reply.latency, self.answer, stream_id, apns_id, reply)
+            self.timers[stream_id] = timer
         else:
             self.answer(stream_id, apns_id, reply)
 
