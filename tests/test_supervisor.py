@@ -95,21 +95,31 @@ async def test_a_sigkilled_child_is_restarted_and_one_scrape_counts_both(
 ) -> None:
     supervisor = spawn({"IW_METRICS_PORT": "0"}, args=["--processes", "2"])
     base = await supervisor.endpoint()
+
+    async def ready() -> bool:
+        status, body = await http_get(f"{base}/readyz")
+        return status == 200 and "2 of 2" in body
+
+    # Both children consuming before the kill. Two processes declaring a new
+    # quorum queue at once can meet a RabbitMQ 3.10 race: the second one's
+    # basic.consume reaches the queue before its Raft leader runs, and the broker
+    # closes that connection with INTERNAL_ERROR ({badmatch,{error,noproc}} in
+    # rabbit_quorum_queue:consume). That child's start fails (exit 3) and is
+    # restarted, a restart this test did not cause; counted from here, it is not.
+    await wait_for(ready, timeout=60)
     first = await _children(supervisor, 2)
+    started = len(supervisor.events("process_started"))
+    restarts = (await scrape(base)).get(f"{M}process_restarts_total", 0)
     await wait_declared(AMQP_URL, queue_name)
     for n in range(100):
         await publisher.publish(queue_name, {"n": n}, message_id=f"before-{n}")
     await wait_for(lambda: _has(db, 100), timeout=60)
 
     os.kill(first[0], signal.SIGKILL)
-    now = await _children(supervisor, 3)  # the killed one's index started again
+    now = await _children(supervisor, started + 1)  # the killed one's index started again
     assert first[0] not in now and first[1] in now
     [exited] = [e for e in supervisor.events("process_exited") if e["pid"] == first[0]]
     assert exited["exit_code"] == -signal.SIGKILL
-
-    async def ready() -> bool:
-        status, body = await http_get(f"{base}/readyz")
-        return status == 200 and "2 of 2" in body
 
     await wait_for(ready, timeout=60)
     for n in range(100):
@@ -126,7 +136,7 @@ async def test_a_sigkilled_child_is_restarted_and_one_scrape_counts_both(
     key = f'{M}messages_total{{consumer="{queue_name}",outcome="effect_committed",reason=""}}'
     # The killed child's counts stay in the total: one scrape sees every process, dead ones too.
     assert samples[key] == 200
-    assert samples[f"{M}process_restarts_total"] == 1
+    assert samples[f"{M}process_restarts_total"] == restarts + 1
     assert samples[f"{M}processes"] == 2
     supervisor.terminate()
     await supervisor.expect_exit(0, timeout=60)
