@@ -12,7 +12,7 @@ and the frozen ones no longer count among those. In the push bench's process
 (`python -m proving.bench.push --runs 1`: the bare provider's 5,000 sends,
 then 10,000 one-device and 10,000 fan-out sends) the collector at its defaults
 ran about 2,200 young, 200 middle and 17 full collections, 1.7 to 2.0 s in
-all; with the thresholds below, about 105 young and 3 middle, 0.5 to 0.6 s
+all; with (10,000, 20, 100), about 105 young and 3 middle, 0.5 to 0.6 s
 (docs/performance.md).
 
 The young threshold counts container objects allocated less those freed,
