@@ -10,8 +10,19 @@ A start that fails on a service now exits EXIT_START_FAILED with a
 from __future__ import annotations
 
 import socket
+import time
+from dataclasses import replace
 
+import aio_pika
+import aiormq
+import pytest
+
+from consumers import App, Context, RetryPolicy, Settings, Worker
+from consumers.broker.topology import declare
+from consumers.settings import QueueType
 from consumers.telemetry.failed_start import EXIT_START_FAILED
+from dedupe import DbConnection
+from proving.deadlines import ANSWER_S, within
 from tests.conftest import Spawn
 
 
@@ -31,3 +42,49 @@ async def test_a_start_that_fails_on_a_service_exits_start_failed_not_a_tracebac
     said = worker.log_text()
     assert '"event":"start_failed"' in said.replace(" ", "")
     assert "ConnectionRefusedError" in said
+
+
+async def test_a_start_refused_at_its_consume_stops_without_waiting_out_the_grace(
+    db: DbConnection,
+    channel: aio_pika.abc.AbstractChannel,
+    queue_name: str,
+    settings: Settings,
+    retry_policy: RetryPolicy,
+) -> None:
+    """A batch loop started for a queue whose consume is then refused is stopped with the rest.
+
+    The queue's exclusive consumer (ours, below; a classic queue, as quorum
+    queues on RabbitMQ 3.10 let a second consumer in beside an exclusive one)
+    makes the broker refuse the worker's `basic.consume` (ACCESS_REFUSED):
+    the start fails after the
+    loop's task began. Nothing was delivered, so `stop()` has nothing to
+    settle: it closes at once, where it used to wait its whole grace for a
+    loop it did not know of.
+    """
+    grace = 60.0
+    settings = replace(
+        settings,
+        amqp=replace(settings.amqp, queue_type=QueueType.CLASSIC),
+        worker=replace(settings.worker, shutdown_grace_seconds=grace),
+    )
+    await declare(channel, queue_name, retry_policy, settings.amqp)
+    queue = await channel.get_queue(queue_name, ensure=False)
+
+    async def hold(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        await message.nack()
+
+    await queue.consume(hold, exclusive=True)
+
+    app = App(retry=retry_policy)
+
+    @app.handler(queue_name)
+    async def handle(ctx: Context) -> None:
+        raise AssertionError("nothing is delivered to a worker whose consume was refused")
+
+    worker = Worker(app, settings)
+    with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+        await within(ANSWER_S, "the worker's start", worker.start())
+    began = time.monotonic()
+    await within(2 * grace, "the worker's stop", worker.stop())
+    took = time.monotonic() - began
+    assert took < grace / 2, f"stop took {took:.1f} s of its {grace:.0f} s grace"

@@ -234,9 +234,12 @@ class Worker:
                 holding=holding,
             )
             loop.queue = queue
+            # Known to `stop()` before its task starts: a consume the broker then
+            # refuses leaves a running loop that only `cancel()` ends, and a stop
+            # that did not know of it would wait its whole grace on it.
+            self._loops.append(loop)
             self._tasks.append(asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}"))
             loop.consumer_tag = await queue.consume(DirectConsumer(loop.on_delivery))
-            self._loops.append(loop)
 
     async def stop(self) -> None:
         """Stop consuming, settle what was delivered, close. Idempotent."""
