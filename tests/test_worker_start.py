@@ -56,10 +56,10 @@ async def test_a_start_refused_at_its_consume_stops_without_waiting_out_the_grac
     The queue's exclusive consumer (ours, below; a classic queue, as quorum
     queues on RabbitMQ 3.10 let a second consumer in beside an exclusive one)
     makes the broker refuse the worker's `basic.consume` (ACCESS_REFUSED):
-    the start fails after the
-    loop's task began. Nothing was delivered, so `stop()` has nothing to
-    settle: it closes at once, where it used to wait its whole grace for a
-    loop it did not know of.
+    the start fails after the loop's task began. Nothing was delivered, so
+    `stop()` has nothing to settle and closes at once, where it used to wait
+    its whole grace for a loop it did not know of. `db` migrates the schema
+    the worker's start checks.
     """
     grace = 60.0
     settings = replace(
