@@ -17,13 +17,14 @@ import aio_pika
 import aiormq
 import pytest
 
-from consumers import App, Context, RetryPolicy, Settings, Worker
+from consumers import AmqpSettings, App, Context, RetryPolicy, Settings, Worker
 from consumers.broker.topology import declare
 from consumers.settings import QueueType
 from consumers.telemetry.failed_start import EXIT_START_FAILED
 from dedupe import DbConnection
 from proving.deadlines import ANSWER_S, within
-from tests.conftest import Spawn
+from tests.apps.effects import FAST_RETRY
+from tests.conftest import AMQP_URL, Spawn
 
 
 def _closed_port() -> int:
@@ -88,3 +89,33 @@ async def test_a_start_refused_at_its_consume_stops_without_waiting_out_the_grac
     await within(2 * grace, "the worker's stop", worker.stop())
     took = time.monotonic() - began
     assert took < grace / 2, f"stop took {took:.1f} s of its {grace:.0f} s grace"
+
+
+async def test_a_consume_the_broker_refuses_exits_start_failed_not_a_traceback(
+    db: DbConnection,
+    channel: aio_pika.abc.AbstractChannel,
+    queue_name: str,
+    spawn: Spawn,
+) -> None:
+    """A queue another client consumes exclusively: one `start_failed` line, exit 3.
+
+    The broker refuses the worker's `basic.consume` (ACCESS_REFUSED), as it
+    does a user without read permission on the queue. A restart may find the
+    queue free, as it may find a rejected password changed: the same exit as
+    a service that refused the start, the broker's words in the line.
+    """
+    classic = AmqpSettings(urls=(AMQP_URL,), queue_type=QueueType.CLASSIC)
+    await declare(channel, queue_name, FAST_RETRY, classic)
+    queue = await channel.get_queue(queue_name, ensure=False)
+
+    async def hold(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        await message.nack()
+
+    await queue.consume(hold, exclusive=True)
+
+    worker = spawn({"IW_QUEUE_TYPE": "classic"})
+    await worker.expect_exit(EXIT_START_FAILED, timeout=60)
+    said = worker.log_text()
+    assert '"event":"start_failed"' in said.replace(" ", "")
+    assert "ACCESS_REFUSED" in said
+    assert "Traceback" not in said

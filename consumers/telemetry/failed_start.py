@@ -22,10 +22,13 @@ log = structlog.get_logger(__name__)
 # The exit status of a process whose start failed (a supervisor restarts it);
 # 0 is a stop that was asked for, a traceback's 1 a bug.
 EXIT_START_FAILED = 3
-# What a start fails on that a restart may cure: a service down, a connection cut.
+# What a start fails on that a restart may cure: a service down, a connection cut,
+# a queue the broker will not let us consume now (another client's exclusive
+# consumer holds it, or the user lacks read permission: a rejected password's kind).
 START_FAILURES: tuple[type[BaseException], ...] = (
     *CONNECTION_ERRORS,
     aiormq.exceptions.AMQPConnectionError,
+    aiormq.exceptions.ChannelAccessRefused,
     aio_pika.exceptions.ChannelInvalidStateError,
 )
 
