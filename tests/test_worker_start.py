@@ -4,7 +4,9 @@ Chaos counted one rolling SIGTERM as "not exiting 0" (issue 8, case 6): its
 log showed the process had not failed to stop; its start had failed, an AMQP
 connection cut while it set up its second queue, with the SIGTERM crossing it.
 A start that fails on a service now exits EXIT_START_FAILED with a
-`start_failed` line, which the chaos fleet counts as a start failure.
+`start_failed` line, which the chaos fleet counts as a start failure. So does
+one whose consume the broker refuses, and such a worker stops at once, not
+after its shutdown grace.
 """
 
 from __future__ import annotations
@@ -25,6 +27,25 @@ from dedupe import DbConnection
 from proving.deadlines import ANSWER_S, within
 from tests.apps.effects import FAST_RETRY
 from tests.conftest import AMQP_URL, Spawn
+
+
+async def held_exclusively(
+    channel: aio_pika.abc.AbstractChannel, queue: str, retry: RetryPolicy, amqp: AmqpSettings
+) -> None:
+    """Declare the worker's queues as it would, then consume `queue` exclusively.
+
+    A worker's `basic.consume` on it is then refused (ACCESS_REFUSED). Only
+    for a classic queue: quorum queues on RabbitMQ 3.10 let a second consumer
+    in beside an exclusive one.
+    """
+    assert amqp.queue_type is QueueType.CLASSIC
+    await declare(channel, queue, retry, amqp)
+
+    async def hold(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        await message.nack()  # nothing is published to it
+
+    held = await channel.get_queue(queue, ensure=False)
+    await held.consume(hold, exclusive=True)
 
 
 def _closed_port() -> int:
@@ -54,10 +75,9 @@ async def test_a_start_refused_at_its_consume_stops_without_waiting_out_the_grac
 ) -> None:
     """A batch loop started for a queue whose consume is then refused is stopped with the rest.
 
-    The queue's exclusive consumer (ours, below; a classic queue, as quorum
-    queues on RabbitMQ 3.10 let a second consumer in beside an exclusive one)
-    makes the broker refuse the worker's `basic.consume` (ACCESS_REFUSED):
-    the start fails after the loop's task began. Nothing was delivered, so
+    The queue's exclusive consumer (`held_exclusively`) makes the broker
+    refuse the worker's `basic.consume`: the start fails after the loop's
+    task began. Nothing was delivered, so
     `stop()` has nothing to settle and closes at once, where it used to wait
     its whole grace for a loop it did not know of. `db` migrates the schema
     the worker's start checks.
@@ -68,13 +88,7 @@ async def test_a_start_refused_at_its_consume_stops_without_waiting_out_the_grac
         amqp=replace(settings.amqp, queue_type=QueueType.CLASSIC),
         worker=replace(settings.worker, shutdown_grace_seconds=grace),
     )
-    await declare(channel, queue_name, retry_policy, settings.amqp)
-    queue = await channel.get_queue(queue_name, ensure=False)
-
-    async def hold(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        await message.nack()
-
-    await queue.consume(hold, exclusive=True)
+    await held_exclusively(channel, queue_name, retry_policy, settings.amqp)
 
     app = App(retry=retry_policy)
 
@@ -105,13 +119,7 @@ async def test_a_consume_the_broker_refuses_exits_start_failed_not_a_traceback(
     a service that refused the start, the broker's words in the line.
     """
     classic = AmqpSettings(urls=(AMQP_URL,), queue_type=QueueType.CLASSIC)
-    await declare(channel, queue_name, FAST_RETRY, classic)
-    queue = await channel.get_queue(queue_name, ensure=False)
-
-    async def hold(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        await message.nack()
-
-    await queue.consume(hold, exclusive=True)
+    await held_exclusively(channel, queue_name, FAST_RETRY, classic)
 
     worker = spawn({"IW_QUEUE_TYPE": "classic"})
     await worker.expect_exit(EXIT_START_FAILED, timeout=60)
