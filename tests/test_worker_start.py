@@ -77,10 +77,9 @@ async def test_a_start_refused_at_its_consume_stops_without_waiting_out_the_grac
 
     The queue's exclusive consumer (`held_exclusively`) makes the broker
     refuse the worker's `basic.consume`: the start fails after the loop's
-    task began. Nothing was delivered, so
-    `stop()` has nothing to settle and closes at once, where it used to wait
-    its whole grace for a loop it did not know of. `db` migrates the schema
-    the worker's start checks.
+    task began. Nothing was delivered, so `stop()` has nothing to settle and
+    closes at once, where it used to wait its whole grace for a loop it did
+    not know of. `db` migrates the schema the worker's start checks.
     """
     grace = 60.0
     settings = replace(

@@ -94,9 +94,11 @@ class Worker:
         self.log_effects = log_effects
         self.pool: asyncpg.Pool | None = None
         self._connection: aio_pika.abc.AbstractRobustConnection | None = None
-        self._loops: list[BatchLoop] = []
+        # Each batch loop with its task, registered together before its consume:
+        # a consume the broker refuses leaves a running loop that only `stop()`'s
+        # `cancel()` ends (else the stop waits its whole grace on it).
+        self._loops: dict[BatchLoop, asyncio.Task[None]] = {}
         self._relay: Relay | None = None
-        self._tasks: list[asyncio.Task[None]] = []
         self._hold_connections = False
         self._started = False
         self._stopping = False
@@ -234,11 +236,7 @@ class Worker:
                 holding=holding,
             )
             loop.queue = queue
-            # Known to `stop()` before its task starts: a consume the broker then
-            # refuses leaves a running loop that only `cancel()` ends, and a stop
-            # that did not know of it would wait its whole grace on it.
-            self._loops.append(loop)
-            self._tasks.append(asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}"))
+            self._loops[loop] = asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}")
             loop.consumer_tag = await queue.consume(DirectConsumer(loop.on_delivery))
 
     async def stop(self) -> None:
@@ -251,8 +249,8 @@ class Worker:
         log.info("worker_stopping", worker=self.worker_id, grace_s=grace)
         for loop in self._loops:
             await loop.cancel()
-        if self._tasks:
-            _, pending = await asyncio.wait(self._tasks, timeout=grace)
+        if self._loops:
+            _, pending = await asyncio.wait(self._loops.values(), timeout=grace)
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
