@@ -454,7 +454,9 @@ async def test_worker_killed_between_settle_and_ack_redelivers_and_sends_nothing
     # find their rows `sent`: acked as duplicates, nothing sent again.
     tokens = [f"ios-acks-{n:04d}-xxxxxxxx" for n in range(60)]
     for n, token in enumerate(tokens):
-        fake_apns.script(token, latency=0.01 * (n % 7))  # answers out of publish order
+        # Answers out of publish order, in 7 waves 0.1 s apart: more than the 50 ms
+        # a recording waits for the rest, so even one batch of all 60 settles 7 times.
+        fake_apns.script(token, latency=0.1 * (n % 7))
     first = spawn_push({"PROVING_CRASH_AT": "after_commit", "PROVING_CRASH_AFTER": "2"})
     await wait_declared(AMQP_URL, queue_name)
     for n, token in enumerate(tokens):
@@ -468,6 +470,8 @@ async def test_worker_killed_between_settle_and_ack_redelivers_and_sends_nothing
     assert recorded  # the kill came after records committed
     second = spawn_push()
     await wait_for(lambda: all_settled(pruned, len(tokens)), timeout=60)
+    # The first worker may have recorded every answer: wait for the redelivered.
+    await second.wait_logged("duplicate_ignored")
     second.terminate()
     await second.expect_exit(0)
     # A row recorded `sent` is never sent again; only a send in flight when the
