@@ -8,7 +8,7 @@ batch holds one message, as an unforeseen framework bug would.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import aio_pika
@@ -34,10 +34,10 @@ class FailsOn:
         self.acks = inner.acks
         self.message_id = message_id
 
-    async def run(self, deliveries: Sequence[Delivery]) -> None:
+    async def run(self, deliveries: Sequence[Delivery], started: Callable[[], None]) -> None:
         if any(d.message_id == self.message_id for d in deliveries):
             raise RuntimeError("the framework cannot decide this one")
-        await self.inner.run(deliveries)
+        await self.inner.run(deliveries, started)
 
     async def close(self) -> None:
         await self.inner.close()

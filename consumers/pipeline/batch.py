@@ -31,7 +31,7 @@ transaction returns one per claimed item, and `Dispatcher.settle` takes the pair
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -106,8 +106,12 @@ class BatchRunner:
             spec.timeout if spec.timeout is not None else settings.handler_timeout_seconds
         )
 
-    async def run(self, deliveries: Sequence[Delivery]) -> None:
-        """Decide, commit and acknowledge every delivery of the batch."""
+    async def run(self, deliveries: Sequence[Delivery], started: Callable[[], None]) -> None:
+        """Decide, commit and acknowledge every delivery of the batch.
+
+        Its loop runs one batch at a time (the slot holds the next back), so
+        nothing waits on `started`.
+        """
         decoded = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
         verdicts: Verdicts = {}
         if decoded.pending:

@@ -23,7 +23,7 @@ either rolled back or tell the re-run what committed.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -34,10 +34,12 @@ from consumers.pipeline.runner import Runner
 log = structlog.get_logger(__name__)
 
 
-async def run_isolating(runner: Runner, batch: Sequence[Delivery]) -> None:
-    """`runner.run(batch)`; on a framework failure, bisect and decide the culprit alone."""
+async def run_isolating(
+    runner: Runner, batch: Sequence[Delivery], started: Callable[[], None]
+) -> None:
+    """`runner.run(batch, started)`; on a framework failure, bisect and decide the culprit alone."""
     try:
-        await runner.run(batch)
+        await runner.run(batch, started)
         return
     except Exception as exc:
         error = exc
@@ -47,8 +49,8 @@ async def run_isolating(runner: Runner, batch: Sequence[Delivery]) -> None:
         return
     log.warning("batch_isolating", consumer=queue, size=len(batch), error=error_text(error))
     middle = len(batch) // 2
-    await run_isolating(runner, batch[:middle])
-    await run_isolating(runner, batch[middle:])
+    await run_isolating(runner, batch[:middle], started)
+    await run_isolating(runner, batch[middle:], started)
 
 
 async def _undecidable(runner: Runner, delivery: Delivery, error: Exception) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from consumers.handlers.spec import HandlerSpec
@@ -19,6 +19,9 @@ class Runner(Protocol):
     then `consumers.pipeline.isolation` finds the message the framework cannot decide.
     `acks`: the channel's ack window when the runner settles out of delivery
     order (None: a batch's multiple ack covers it).
+    `started`: called once the batch no longer needs to hold the next one back
+    (`consumers.pipeline.loop`; a push batch: its first answers recorded). The
+    loop calls it anyway once `run` returns; calling it again does nothing.
     """
 
     @property
@@ -30,7 +33,7 @@ class Runner(Protocol):
     @property
     def acks(self) -> AckWindow | None: ...
 
-    async def run(self, deliveries: Sequence[Delivery]) -> None: ...
+    async def run(self, deliveries: Sequence[Delivery], started: Callable[[], None]) -> None: ...
 
     async def close(self) -> None:
         """Give back what the runner keeps between batches (the loop has ended)."""

@@ -123,7 +123,7 @@ class PushRunner:
             pool=pool, inbox=inbox, ledger=ledger, provider=provider, spec=spec, metrics=metrics
         )
 
-    async def run(self, deliveries: Sequence[Delivery]) -> None:
+    async def run(self, deliveries: Sequence[Delivery], started: Callable[[], None]) -> None:
         decoded = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
         decided = list(decoded.decided)
         jobs: dict[Item, PushJob] = {}
@@ -157,7 +157,7 @@ class PushRunner:
             steps=self,
         )
         try:
-            await fanout.run(claimed.jobs, claimed.sends, settled)
+            await fanout.run(claimed.jobs, claimed.sends, settled, started)
         except Exception as exc:
             # A bug: the jobs not yet settled are retried; the settled ones are
             # acked already, so this must not reach the batch loop's isolation

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -134,7 +134,14 @@ class Fanout:
         # now start no more, so the wait for those in flight ends.
         self._stopping = False
 
-    async def run(self, jobs: list[JobProgress], sends: list[Send], settled: set[Item]) -> None:
+    async def run(
+        self,
+        jobs: list[JobProgress],
+        sends: list[Send],
+        settled: set[Item],
+        started: Callable[[], None],
+    ) -> None:
+        """Send, record and settle `jobs`; `started()` once the first answers are recorded."""
         progress = {p.item: p for p in jobs}
 
         def held() -> dict[DedupeKey, int]:
@@ -158,6 +165,7 @@ class Fanout:
                         p.answers.append(answer)
                         p.unrecorded = p.unrecorded or not recorded
                     await self._refill(progress)
+                started()  # the loop may take the next batch (consumers.pipeline.loop)
                 # Nothing leased and unrecorded: its chunks are done, or none is left to lease.
                 done = [p for p in progress.values() if p.held == 0]
                 for p in done:
