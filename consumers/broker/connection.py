@@ -22,6 +22,9 @@ deliveries left unacked on the lost connection are redelivered by the
 broker: the claim in PostgreSQL makes the redelivery a duplicate or a first
 run, never a second effect.
 
+Every connection opened here reads its frames a buffer at a time
+(`consumers.broker.frames`), not aiormq's three reads a frame.
+
 The hook is `_on_connection_close`, which aio-pika calls both when an open
 connection is lost and when an attempt fails, before it sleeps
 `reconnect_interval` and tries `url` again: both are set there. All
@@ -40,6 +43,7 @@ import structlog
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from yarl import URL
 
+from consumers.broker import frames
 from consumers.broker.consume import DirectChannel
 
 log = structlog.get_logger(__name__)
@@ -112,6 +116,7 @@ async def connect(
     urls: Sequence[str], *, name: str, attempt_s: float = 10.0
 ) -> aio_pika.abc.AbstractRobustConnection:
     """A robust connection to the first of `urls` that answers; see the module docstring."""
+    frames.install()
     error: BaseException | None = None
     for first in range(len(urls)):
         connection = ClusterConnection(
@@ -136,6 +141,7 @@ async def connect_once(
     urls: Sequence[str], *, attempt_s: float = 10.0
 ) -> aio_pika.abc.AbstractConnection:
     """A plain connection to the first of `urls` that answers, for one-shot tools (dlq, inspect)."""
+    frames.install()
     error: BaseException | None = None
     for url in urls:
         try:
