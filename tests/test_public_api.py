@@ -41,12 +41,14 @@ def test_leaves_do_not_import_consumers() -> None:
 # does), the relay's entry point, the push job's limits and its split into
 # parts (the send API stores a large send as the publisher would split it), a
 # dead letter's header, the worker's own delivery object (the bench's stopwatch
-# times it as it times aio-pika's), the garbage collector as `run` sets it (the
+# times it as it times aio-pika's), the worker's frame reader (its bench
+# times it against aiormq's), the garbage collector as `run` sets it (the
 # benches measure what `run` does), the socket `serve` and `console` listen on
 # before they print their port. Everything else comes through `consumers`'
 # public face.
 INTERNAL_IMPORTS_ALLOWED = {
     "consumers.broker.consume",
+    "consumers.broker.frames",
     "consumers.broker.topology",
     "consumers.runtime.watchdog",
     "consumers.runtime.process",
