@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aio_pika
 import aiormq.connection
 import pamqp.frame
+import pytest
 from aiormq.exceptions import AMQPConnectionError, InvalidFrameError, ProtocolSyntaxError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -111,9 +112,12 @@ def test_any_split_of_a_stream_gives_aiormqs_own_frames(
     assert b"".join(frame for _, _, frame in ours) == data
 
 
-def test_a_body_longer_than_one_read_is_one_frame() -> None:
+@pytest.mark.parametrize("piece", [None, 65_536, 1_000], ids=["whole", "64k-pieces", "1k-pieces"])
+def test_a_body_longer_than_one_read_is_one_frame(piece: int | None) -> None:
     body = bytes(range(256)) * (READ_BYTES // 256 + 300)
-    frames = asyncio.run(_frames_of(BufferedFrameReceiver, [_stream([body])]))
+    data = _stream([body])
+    pieces = [data] if piece is None else _split(data, list(range(0, len(data), piece)))
+    frames = asyncio.run(_frames_of(BufferedFrameReceiver, pieces))
     assert frames[-1][2] == pamqp.frame.marshal(ContentBody(body), 1)
 
 
@@ -173,12 +177,13 @@ async def test_the_stream_ending_between_frames_ends_the_reading() -> None:
     )
 
 
-async def test_the_stream_ending_inside_a_frame_is_a_connection_error() -> None:
+@pytest.mark.parametrize("held", [5, 10], ids=["in-its-header", "in-its-payload"])
+async def test_the_stream_ending_inside_a_frame_is_a_connection_error(held: int) -> None:
     frames = _delivery(1, b"body", {})
-    read, ended = await _outcome(_writing(frames[0], frames[1][:5]))
+    read, ended = await _outcome(_writing(frames[0], frames[1][:held]))
     assert read == frames[:1]
     assert isinstance(ended, AMQPConnectionError)
-    assert "unexpectedly closed. Read 5 bytes" in str(ended)
+    assert f"unexpectedly closed. Read {held} bytes" in str(ended)
 
 
 async def test_a_frame_without_its_end_octet_is_an_invalid_frame() -> None:

@@ -10,8 +10,9 @@ a worker pays that nine times a message before pamqp parses anything: about
 
 `BufferedFrameReceiver` keeps what one read returned and cuts the frames out
 of it: pamqp still reads each frame's header (`frame_parts`) and parses the
-frame (`unmarshal`), and a frame cut short by the socket waits for the next
-read. It is what aiormq's reader returns, frame for frame, and raises what it
+frame (`unmarshal`); the rest of a frame cut short by the read is read
+exactly (one more copy of the frame, whatever its size, as aiormq's own
+`readexactly` makes). It is what aiormq's reader returns, frame for frame, and raises what it
 raises: the end of the stream between frames ends the iteration; the end
 inside a frame, or a socket error, is `AMQPConnectionError`; a frame pamqp
 refuses is `InvalidFrameError`; a protocol header where a frame was due
@@ -48,34 +49,38 @@ class BufferedFrameReceiver(aiormq.connection.FrameReceiver):
 
     async def get_frame(self) -> aiormq.connection.ReceivedFrame:
         data, at = self._data, self._at
-        while True:
-            if len(data) - at >= FRAME_HEADER_SIZE:
-                if not self.started and data.startswith(b"AMQP", at):
-                    raise ProtocolSyntaxError("Unexpected AMQP protocol header")
-                _, _, size = pamqp.frame.frame_parts(data[at : at + FRAME_HEADER_SIZE])
-                end = at + FRAME_HEADER_SIZE + (size or 0) + FRAME_END_SIZE
-                if len(data) >= end:
-                    self.started = True
-                    self._at = end
-                    try:
-                        return pamqp.frame.unmarshal(data[at:end])
-                    except PAMQPException as exc:
-                        raise InvalidFrameError(str(exc)) from exc
+        while len(data) - at < FRAME_HEADER_SIZE:
             if at == len(data) and self.reader.at_eof():
                 raise StopAsyncIteration  # as aiormq's: the stream ended between frames
-            chunk = await self._read()
-            if not chunk:
-                left = len(data) - at
-                raise AMQPConnectionError(
-                    f"Server connection unexpectedly closed. Read {left} bytes of a frame"
-                )
-            data = self._data = data[at:] + chunk
-            at = self._at = 0
-
-    async def _read(self) -> bytes:
-        """The next bytes of the stream (empty at its end), socket errors as aiormq words them."""
+            data, at = data[at:] + await self._read(READ_BYTES, len(data) - at), 0
+        if not self.started and data.startswith(b"AMQP", at):
+            raise ProtocolSyntaxError("Unexpected AMQP protocol header")
+        self.started = True
+        _, _, size = pamqp.frame.frame_parts(data[at : at + FRAME_HEADER_SIZE])
+        end = at + FRAME_HEADER_SIZE + (size or 0) + FRAME_END_SIZE
+        if len(data) < end:  # the rest of this frame, exactly: one copy, however large
+            held = len(data) - at
+            data = data[at:] + await self._read(end - len(data), held, exactly=True)
+            at, end = 0, end - at
+        self._data, self._at = data, end
         try:
-            return await self.reader.read(READ_BYTES)
+            return pamqp.frame.unmarshal(data[at:end])
+        except PAMQPException as exc:
+            raise InvalidFrameError(str(exc)) from exc
+
+    async def _read(self, size: int, held: int, *, exactly: bool = False) -> bytes:
+        """The next bytes of the stream: up to `size`, or `exactly` that many.
+
+        The stream's end raises, as aiormq's words it (`held`: the bytes of the
+        frame read before it), and so does a socket error.
+        """
+        try:
+            if exactly:
+                return await self.reader.readexactly(size)
+            chunk = await self.reader.read(size)
+        except asyncio.IncompleteReadError as exc:
+            held += len(exc.partial)
+            chunk = b""
         except ConnectionRefusedError as exc:
             raise AMQPConnectionError(f"Server connection refused: {exc!r}") from exc
         except ConnectionResetError as exc:
@@ -84,6 +89,11 @@ class BufferedFrameReceiver(aiormq.connection.FrameReceiver):
             raise AMQPConnectionError(f"Server connection error: {exc!r}") from exc
         except OSError as exc:
             raise AMQPConnectionError(f"Server communication error: {exc!r}") from exc
+        if not chunk:
+            raise AMQPConnectionError(
+                f"Server connection unexpectedly closed. Read {held} bytes of a frame"
+            )
+        return chunk
 
 
 def install() -> None:
