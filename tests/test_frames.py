@@ -234,3 +234,18 @@ async def test_the_workers_connection_reads_through_it_bodies_longer_than_a_fram
         assert got == [(body, f"clé-{n}") for n, body in enumerate(bodies)]
     finally:
         await connection.close()
+
+
+async def test_a_read_cancelled_mid_frame_loses_none_of_its_bytes() -> None:
+    frame = _delivery(1, b"body", {})[0]
+    reader = asyncio.StreamReader()
+    receiver = BufferedFrameReceiver(reader)
+    reader.feed_data(frame[:3])  # read, then the wait for the rest of the header
+    waiting = asyncio.create_task(receiver.get_frame())
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+    reader.feed_data(frame[3:])
+    _, channel, read = await within(ANSWER_S, "the frame", receiver.get_frame())
+    assert pamqp.frame.marshal(read, channel) == frame

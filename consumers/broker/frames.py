@@ -53,6 +53,7 @@ class BufferedFrameReceiver(aiormq.connection.FrameReceiver):
             if at == len(data) and self.reader.at_eof():
                 raise StopAsyncIteration  # as aiormq's: the stream ended between frames
             data, at = data[at:] + await self._read(READ_BYTES, len(data) - at), 0
+            self._data, self._at = data, at  # kept at once: a cancelled wait below loses none
         if not self.started and data.startswith(b"AMQP", at):
             raise ProtocolSyntaxError("Unexpected AMQP protocol header")
         self.started = True
