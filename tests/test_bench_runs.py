@@ -12,9 +12,11 @@ import re
 import time
 from pathlib import Path
 
+import aiormq.connection
 import pytest
 
 from consumers import Settings
+from consumers.broker.frames import BufferedFrameReceiver
 from proving.bench import bench, schedstat
 from proving.bench.options import (
     ALL_VARIANTS,
@@ -53,10 +55,12 @@ async def test_every_variant_consumes_everything_once(
 
 
 async def test_a_fixed_paced_rate_paces_there_without_the_framework(
-    settings: Settings, capsys: pytest.CaptureFixture[str]
+    settings: Settings, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`--paced-rate`: two commits compared at one rate (the default, half the
-    framework's rate, paces a faster run harder)."""
+    framework's rate, paces a faster run harder). With no framework variant to
+    connect first, the ceiling reads through the worker's frame reader all the same."""
+    monkeypatch.setattr(aiormq.connection, "FrameReceiver", BufferedFrameReceiver.__mro__[1])
     options = parse(
         [
             *("--variants", "ceiling", "--messages", "60", "--repeats", "1"),
@@ -68,6 +72,7 @@ async def test_a_fixed_paced_rate_paces_there_without_the_framework(
     paced = next(line for line in out.splitlines() if line.startswith("paced: rate="))
     assert paced.startswith("paced: rate=300 msg/s (--paced-rate) ceiling p50="), paced
     assert "at 300 msg/s (300 sent)" in out, out
+    assert aiormq.connection.FrameReceiver is BufferedFrameReceiver
     with pytest.raises(SystemExit):
         parse(["--paced-rate", "0"])
 

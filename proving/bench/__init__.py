@@ -14,9 +14,12 @@ its own paced latency. The default takes about 5 minutes on 2 cores; --long
 runs every variant with LONG_MESSAGES.
 
 Every variant but one is measured in the bench process, the same way
-(`proving.bench.stopwatch`); `bare` runs in a process of its own with no
-instrument and is timed by the queue's depth (`proving.bench.untimed`). The
-last line of the table is the summary:
+(`proving.bench.stopwatch`), and reads the broker's frames the way the
+worker does (`consumers.broker.frames`, installed before the first run, so
+no variant's runs differ by which of them came before the worker's first
+connect); `bare` runs in a process of its own with aiormq's own reader and
+no instrument, and is timed by the queue's depth (`proving.bench.untimed`).
+The last line of the table is the summary:
 
     bench: ceiling=… bare=… naive=… … framework/ceiling=… framework/bare=… …
 """
@@ -36,6 +39,7 @@ import aio_pika
 import asyncpg
 
 from consumers import Settings, configure_logging
+from consumers.broker import frames
 from consumers.runtime.collector import collect_less
 from proving.bench.options import (
     LONG_MESSAGES,
@@ -111,6 +115,7 @@ def _fewer(options: BenchOptions, results: Mapping[str, Result]) -> str:
 
 async def bench(options: BenchOptions, settings: Settings) -> int:
     started = time.monotonic()
+    frames.install()  # every in-process variant on the worker's reader (the docstring)
     amqp = replace(settings.amqp, queue_type=options.queue_type or settings.amqp.queue_type)
     sandbox = Sandbox.fresh(amqp)
     worker_settings = Settings(
