@@ -39,7 +39,7 @@ import aio_pika
 import asyncpg
 
 from consumers import Settings, configure_logging
-from consumers.broker import frames
+from consumers.broker.frames import install as install_frame_reader
 from consumers.runtime.collector import collect_less
 from proving.bench.options import (
     LONG_MESSAGES,
@@ -115,7 +115,7 @@ def _fewer(options: BenchOptions, results: Mapping[str, Result]) -> str:
 
 async def bench(options: BenchOptions, settings: Settings) -> int:
     started = time.monotonic()
-    frames.install()  # every in-process variant on the worker's reader (the docstring)
+    install_frame_reader()  # every in-process variant on the worker's reader (the docstring)
     amqp = replace(settings.amqp, queue_type=options.queue_type or settings.amqp.queue_type)
     sandbox = Sandbox.fresh(amqp)
     worker_settings = Settings(
