@@ -16,7 +16,7 @@ import aiormq.connection
 import pytest
 
 from consumers import Settings
-from consumers.broker.frames import BufferedFrameReceiver
+from consumers.broker.frames import AIORMQ_RECEIVER, BufferedFrameReceiver
 from proving.bench import bench, schedstat
 from proving.bench.options import (
     ALL_VARIANTS,
@@ -60,7 +60,7 @@ async def test_a_fixed_paced_rate_paces_there_without_the_framework(
     """`--paced-rate`: two commits compared at one rate (the default, half the
     framework's rate, paces a faster run harder). With no framework variant to
     connect first, the ceiling reads through the worker's frame reader all the same."""
-    monkeypatch.setattr(aiormq.connection, "FrameReceiver", BufferedFrameReceiver.__mro__[1])
+    monkeypatch.setattr(aiormq.connection, "FrameReceiver", AIORMQ_RECEIVER)
     options = parse(
         [
             *("--variants", "ceiling", "--messages", "60", "--repeats", "1"),

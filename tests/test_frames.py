@@ -22,13 +22,15 @@ from pamqp.header import ContentHeader, ProtocolHeader
 from pamqp.heartbeat import Heartbeat
 
 from consumers.broker.connection import connect
-from consumers.broker.frames import READ_BYTES, BufferedFrameReceiver
+from consumers.broker.frames import AIORMQ_RECEIVER, READ_BYTES, BufferedFrameReceiver
 from proving.deadlines import ANSWER_S, within
 from tests.conftest import AMQP_URL
 
-# aiormq's own receiver, whatever install() has put under its name.
-AIORMQ_RECEIVER: type[aiormq.connection.FrameReceiver] = BufferedFrameReceiver.__mro__[1]
-assert AIORMQ_RECEIVER.__module__ == "aiormq.connection"
+
+def test_aiormqs_own_receiver_is_kept_apart_from_ours() -> None:
+    assert AIORMQ_RECEIVER.__module__ == "aiormq.connection"
+    assert AIORMQ_RECEIVER is not BufferedFrameReceiver
+    assert issubclass(BufferedFrameReceiver, AIORMQ_RECEIVER)
 
 
 def _delivery(tag: int, body: bytes, headers: FieldTable) -> list[bytes]:

@@ -22,9 +22,8 @@ from pamqp import commands
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from consumers.broker.frames import BufferedFrameReceiver
+from consumers.broker.frames import AIORMQ_RECEIVER, BufferedFrameReceiver
 
-AIORMQ_RECEIVER = BufferedFrameReceiver.__mro__[1]  # aiormq's own, whatever install() did
 PIECE_BYTES = 64 * 1024
 BODY = b"x" * 120
 
