@@ -14,9 +14,12 @@ from pathlib import Path
 
 import aiormq.connection
 import pytest
+from asyncpg.transaction import Transaction
 
 from consumers import Settings
 from consumers.broker.frames import AIORMQ_RECEIVER, BufferedFrameReceiver
+from consumers.pipeline.batch import BatchRunner
+from dedupe.inbox import Inbox
 from proving.bench import bench, schedstat
 from proving.bench.options import (
     ALL_VARIANTS,
@@ -75,6 +78,31 @@ async def test_a_fixed_paced_rate_paces_there_without_the_framework(
     assert aiormq.connection.FrameReceiver is BufferedFrameReceiver
     with pytest.raises(SystemExit):
         parse(["--paced-rate", "0"])
+
+
+async def test_phases_time_every_paced_batch_and_put_the_worker_back(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--phases`: one line per paced framework run, each phase timed over the
+    batches of the run; the wrapped calls are the worker's own again after."""
+    originals = (BatchRunner.run, BatchRunner._effects_fast, Transaction.start, Inbox.claim)
+    options = parse(
+        [
+            *("--variants", "ceiling,framework", "--messages", "60", "--repeats", "1"),
+            *("--paced-seconds", "1", "--paced-rate", "300", "--phases"),
+        ]
+    )
+    assert await bench(options, settings) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("phases: ")]
+    assert len(lines) == 1 and lines[0].startswith("phases: framework at 300 msg/s: "), out
+    found = re.search(r": ([\d,]+) batches of \S+ messages \(median\), slot busy \d+%", lines[0])
+    assert found and int(found[1].replace(",", "")) > 1, lines[0]
+    for phase in ("wait", "decode", "begin", "claim", "effects", "commit", "settle", "batch"):
+        assert re.search(rf" {phase} \d+\.\d/\d+\.\d", lines[0]), (phase, lines[0])
+    assert (BatchRunner.run, BatchRunner._effects_fast, Transaction.start, Inbox.claim) == (
+        originals
+    )
 
 
 def _rate(out: str, variant: str) -> float:

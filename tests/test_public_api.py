@@ -59,6 +59,7 @@ INTERNAL_IMPORTS_ALLOWED = {
     "consumers.push.parts",
     "consumers.publishing.relay",
     "consumers.pipeline.settle",
+    "consumers.pipeline.batch",  # the bench times a batch's phases (proving.bench.phases)
 }
 
 

@@ -80,6 +80,7 @@ class BenchOptions:
     loop: EventLoop = EventLoop.ASYNCIO
     timeout: float = 300.0  # per run
     profile: str | None = None  # a variant to sample with py-spy while it consumes
+    phases: bool = False  # time each paced framework batch's phases (proving.bench.phases)
     scale: bool = False  # instead: 1 and 2 framework processes beside bare ones
 
 
@@ -154,6 +155,12 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         help="sample VARIANT's runs with py-spy and print where the time goes",
     )
     parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="time the phases of every paced framework batch (wait, decode, BEGIN, claim,"
+        " effects, COMMIT, settle) and print their p50/p99 and how busy the batch slot was",
+    )
+    parser.add_argument(
         "--scale",
         action="store_true",
         help="instead of the variants: 1 and 2 framework processes (run --processes 2) beside"
@@ -198,5 +205,6 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         loop=EventLoop(args.loop),
         timeout=args.timeout,
         profile=args.profile,
+        phases=args.phases,
         scale=args.scale,
     )

@@ -26,6 +26,7 @@ import aio_pika
 import asyncpg
 
 from consumers import Settings
+from proving.bench import phases
 from proving.bench.memory import peak_resident
 from proving.bench.options import BenchOptions
 from proving.bench.profile import sampled
@@ -191,6 +192,22 @@ class Rounds:
         expected = int(rate * seconds)
         await self._prepare(keep_claims=False, backlog=0)
         self.watch.reset(expected)
+        timed = self.options.phases and variant.name in phases.VARIANTS
+        batches = phases.Phases(self.watch)
+        with batches.installed() if timed else contextlib.nullcontext(batches):
+            timing, sent = await self._paced_run(variant, rate, seconds, expected)
+        self.progress(
+            f"paced {variant.name:<20} at {rate:,.0f} msg/s ({sent} sent):"
+            f"  p50 {_ms(timing.p50_ms)}  p99 {_ms(timing.p99_ms)}  {timing.cpu_shares()}"
+            f"  at {since(self.started)}"
+        )
+        if timed:
+            self.progress(batches.line(variant.name, rate))
+        return timing
+
+    async def _paced_run(
+        self, variant: Variant, rate: float, seconds: float, expected: int
+    ) -> tuple[Timing, str]:
         consumer = asyncio.create_task(
             variant.consume(self._run(expected, seconds + self.options.timeout))
         )
@@ -208,10 +225,4 @@ class Rounds:
         )
         out, _ = await within(seconds + ANSWER_S, "the pacer's publishes", pacer.communicate())
         await within(ANSWER_S, "the paced consumer after the pacer", consumer)
-        timing = self.watch.timing()
-        self.progress(
-            f"paced {variant.name:<20} at {rate:,.0f} msg/s ({out.decode().strip()} sent):"
-            f"  p50 {_ms(timing.p50_ms)}  p99 {_ms(timing.p99_ms)}  {timing.cpu_shares()}"
-            f"  at {since(self.started)}"
-        )
-        return timing
+        return self.watch.timing(), out.decode().strip()

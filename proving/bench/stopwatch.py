@@ -92,6 +92,11 @@ class Stopwatch:
         """(first delivery, last ack), `time.perf_counter()` readings; 0.0 before any."""
         return self._first, self._last
 
+    def oldest_unacked(self, channel: object) -> float | None:
+        """When the oldest delivery of `channel` not acked yet was delivered; None if none."""
+        state = self._channels.get(id(channel))
+        return state.pending[0][1] if state is not None and state.pending else None
+
     def timing(self) -> Timing:
         latencies = sorted(self._latencies)
         if not latencies:
