@@ -5,7 +5,7 @@ the calls a batch makes in turn (as the stopwatch wraps the deliveries: the
 worker carries no timing code) and times each batch:
 
 - wait: its oldest delivery, from delivered (the stopwatch's clock) to taken
-- decode: taken to BEGIN sent (decoding, the held connection)
+- decode: taken to BEGIN sent (decoding, the held connection taken)
 - begin: asyncpg's `Transaction.start`, BEGIN's round trip
 - claim: `Inbox.claim`, the claim statement
 - effects: the handlers and their staged statements (`BatchRunner._effects_fast`)
@@ -19,8 +19,13 @@ is buffered as soon as the slot is free, so a slot busy all the time is no
 sign of overload; it says that a message waits for the batch in flight
 before its own, and that both grow with what one batch costs.
 
-    phases: framework at 5,000 msg/s: 1,735 batches of 26 messages (median),
-    slot busy 92%; p50/p99 ms: wait 3.8/15.2 decode 0.5/3.5 ...
+    phases: framework at 5,000 msg/s: 1,598 batches of 30 messages (median), slot busy
+    92% of 10.1 s; p50/p99 ms: wait 4.5/15.9 decode 0.6/3.4 begin 0.4/3.5 claim 1.0/4.9
+    effects 0.8/4.6 commit 0.7/5.5 settle 0.6/2.8 batch 5.4/15.4
+
+(one line in the output; `--variants ceiling,framework --paced-rate 5000
+--repeats 1 --messages 2000 --phases` on the 2-core python-svc machine,
+2026-12-06, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from aio_pika.exceptions import ChannelInvalidStateError
 from asyncpg.transaction import Transaction
 
 from consumers.pipeline.batch import BatchRunner
@@ -91,7 +97,10 @@ class Phases:
         ) -> None:
             taken = time.perf_counter()
             marks = {"taken": taken}
-            oldest = phases.watch.oldest_unacked(deliveries[0].channel) if deliveries else None
+            try:
+                oldest = phases.watch.oldest_unacked(deliveries[0].channel)
+            except (IndexError, ChannelInvalidStateError):  # none, or its channel closed since
+                oldest = None
             if oldest is not None:
                 marks["delivered"] = oldest
             token = _batch.set(marks)
