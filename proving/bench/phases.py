@@ -13,7 +13,12 @@ worker carries no timing code) and times each batch:
 - settle: `Dispatcher.settle`: republishes, outcome lines, the multiple ack
 - batch: taken to acked
 
-and how busy the loop's one batch slot was: the sum of the batch times over
+BEGIN, the claim and the effects are timed in a batch's first attempt (a
+re-run after a lost connection, or the careful path after a handler's
+error, is not timed again); COMMIT is timed last, the transaction's own
+after any savepoint's release. The paced runs meet neither.
+
+And how busy the loop's one batch slot was: the sum of the batch times over
 the span from the first taken to the last acked. A batch loop takes whatever
 is buffered as soon as the slot is free, so a slot busy all the time is no
 sign of overload; it says that a message waits for the batch in flight
@@ -74,13 +79,13 @@ class Phases:
         """Wrap the batch's calls for as long as the block runs; put them back after."""
         wrapped: list[tuple[type[Any], str, Callable[..., Any]]] = []
 
-        def wrap(cls: type[Any], name: str, before: str, after: str) -> None:
+        def wrap(cls: type[Any], name: str, before: str, after: str, *, last: bool = False) -> None:
             original = getattr(cls, name)
             wrapped.append((cls, name, original))
 
             async def timed(*args: Any, **kwargs: Any) -> Any:
                 marks = _batch.get()
-                if marks is None or before in marks:  # not a batch's, or a savepoint's
+                if marks is None or (before in marks and not last):  # not a batch's, or again
                     return await original(*args, **kwargs)
                 marks[before] = time.perf_counter()
                 result = await original(*args, **kwargs)
@@ -115,7 +120,7 @@ class Phases:
         wrap(Transaction, "start", "begin", "begun")
         wrap(Inbox, "claim", "claim", "claimed")
         wrap(BatchRunner, "_effects_fast", "effects", "effected")
-        wrap(Transaction, "commit", "commit", "committed")
+        wrap(Transaction, "commit", "commit", "committed", last=True)  # savepoints' go first
         wrap(Dispatcher, "settle", "settle", "settled")
         try:
             yield self
