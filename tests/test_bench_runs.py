@@ -19,6 +19,7 @@ from asyncpg.transaction import Transaction
 from consumers import Settings
 from consumers.broker.frames import AIORMQ_RECEIVER, BufferedFrameReceiver
 from consumers.pipeline.batch import BatchRunner
+from consumers.pipeline.settle import Dispatcher
 from dedupe.inbox import Inbox
 from proving.bench import bench, schedstat
 from proving.bench.options import (
@@ -85,7 +86,18 @@ async def test_phases_time_every_paced_batch_and_put_the_worker_back(
 ) -> None:
     """`--phases`: one line per paced framework run, each phase timed over the
     batches of the run; the wrapped calls are the worker's own again after."""
-    originals = (BatchRunner.run, BatchRunner._effects_fast, Transaction.start, Inbox.claim)
+
+    def wrapped() -> tuple[object, ...]:
+        return (
+            BatchRunner.run,
+            BatchRunner._effects_fast,
+            Transaction.start,
+            Transaction.commit,
+            Inbox.claim,
+            Dispatcher.settle,
+        )
+
+    originals = wrapped()
     options = parse(
         [
             *("--variants", "ceiling,framework", "--messages", "60", "--repeats", "1"),
@@ -100,9 +112,7 @@ async def test_phases_time_every_paced_batch_and_put_the_worker_back(
     assert found and int(found[1].replace(",", "")) > 1, lines[0]
     for phase in ("wait", "decode", "begin", "claim", "effects", "commit", "settle", "batch"):
         assert re.search(rf" {phase} \d+\.\d/\d+\.\d", lines[0]), (phase, lines[0])
-    assert (BatchRunner.run, BatchRunner._effects_fast, Transaction.start, Inbox.claim) == (
-        originals
-    )
+    assert wrapped() == originals
 
 
 def _rate(out: str, variant: str) -> float:

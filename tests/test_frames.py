@@ -238,13 +238,25 @@ async def test_the_workers_connection_reads_through_it_bodies_longer_than_a_fram
         await connection.close()
 
 
+class _CountedReads(asyncio.StreamReader):
+    """A stream that says how many reads were asked of it."""
+
+    reads = 0
+
+    async def read(self, n: int = -1) -> bytes:
+        self.reads += 1
+        return await super().read(n)
+
+
 async def test_a_read_cancelled_mid_frame_loses_none_of_its_bytes() -> None:
     frame = _delivery(1, b"body", {})[0]
-    reader = asyncio.StreamReader()
+    reader = _CountedReads()
     receiver = BufferedFrameReceiver(reader)
     reader.feed_data(frame[:3])  # read, then the wait for the rest of the header
     waiting = asyncio.create_task(receiver.get_frame())
-    await asyncio.sleep(0.01)
+    async with asyncio.timeout(ANSWER_S):
+        while reader.reads < 2:  # until it waits in its second read
+            await asyncio.sleep(0)
     waiting.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await waiting

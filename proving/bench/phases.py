@@ -48,7 +48,7 @@ from asyncpg.transaction import Transaction
 from consumers.pipeline.batch import BatchRunner
 from consumers.pipeline.settle import Dispatcher
 from dedupe.inbox import Inbox
-from proving.bench.stopwatch import Stopwatch
+from proving.bench.stopwatch import Stopwatch, quantile
 
 VARIANTS = ("framework", "framework_batch")
 
@@ -139,8 +139,8 @@ class Phases:
         for name, start, end in PHASES:
             spans = sorted(m[end] - m[start] for _, m in done if start in m and end in m)
             if spans:
-                p99 = spans[min(len(spans) - 1, int(len(spans) * 0.99))]
-                parts.append(f"{name} {statistics.median(spans) * 1000:.1f}/{p99 * 1000:.1f}")
+                p50, p99 = statistics.median(spans), quantile(spans, 0.99)
+                parts.append(f"{name} {p50 * 1000:.1f}/{p99 * 1000:.1f}")
         size = statistics.median(n for n, _ in done)
         slot = f"slot busy {busy / span:.0%} of {span:.1f} s" if span > 0 else "one batch"
         return (

@@ -44,6 +44,7 @@ from dedupe import quote_ident
 from proving.bench.options import SENDING_VARIANTS, BenchOptions
 from proving.bench.rounds import say, since
 from proving.bench.sandbox import Sandbox
+from proving.bench.stopwatch import quantile
 from proving.bench.workload import job
 from proving.deadlines import ANSWER_S, within
 
@@ -305,15 +306,9 @@ class SendingBench:
         return Paced(
             rate=rate,
             rows=len(latencies),
-            p50_ms=_quantile(latencies, 0.50),
-            p99_ms=_quantile(latencies, 0.99),
+            p50_ms=quantile(latencies, 0.50),
+            p99_ms=quantile(latencies, 0.99),
         )
-
-
-def _quantile(ordered: Sequence[float], q: float) -> float:
-    if not ordered:
-        return math.nan
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _summary(medians: dict[str, float], paced: Paced | None) -> str:

@@ -17,7 +17,7 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +26,13 @@ from aio_pika.message import IncomingMessage
 
 from consumers.broker.consume import RawDelivery
 from proving.bench import schedstat
+
+
+def quantile(ordered: Sequence[float], q: float) -> float:
+    """The `q` quantile of `ordered` (sorted), nearest rank; NaN if empty."""
+    if not ordered:
+        return math.nan
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,7 +112,7 @@ class Stopwatch:
             messages=len(latencies),
             seconds=self._last - self._first,
             p50_ms=statistics.median(latencies) * 1000,
-            p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+            p99_ms=quantile(latencies, 0.99) * 1000,
             cpu=schedstat.between(self._cpu_first, self._cpu_last),
         )
 
