@@ -9,6 +9,8 @@ per run, and that the summary line is there.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from proving.bench.options import (
 )
 from proving.bench.stopwatch import Stopwatch, Timing
 from proving.bench.workload import job
+from proving.deadlines import ANSWER_S
 
 
 async def test_every_variant_consumes_everything_once(
@@ -112,6 +115,11 @@ async def test_phases_time_every_paced_batch_and_put_the_worker_back(
     assert found and int(found[1].replace(",", "")) > 1, lines[0]
     for phase in ("wait", "decode", "begin", "claim", "effects", "commit", "settle", "batch"):
         assert re.search(rf" {phase} \d+\.\d/\d+\.\d", lines[0]), (phase, lines[0])
+    batch = re.search(r" batch \d+\.\d/(\d+\.\d)", lines[0])
+    slowest = re.search(
+        r"; slowest (\d+\.\d) ms, \d+ messages?, \d+\.\d s in: wait \d+\.\d decode", lines[0]
+    )
+    assert batch and slowest and float(slowest[1]) >= float(batch[1]), lines[0]
     assert wrapped() == originals
 
 
@@ -169,6 +177,30 @@ def test_schedstat_counts_this_threads_time_on_a_cpu() -> None:
     timing = Timing(messages=1, seconds=spent.ran + spent.waited, cpu=spent)
     assert re.fullmatch(r"ran=\d+% waited=\d+%", timing.cpu_shares())
     assert Timing(messages=1, seconds=1.0).cpu_shares() == ""
+
+
+def test_schedstat_reads_another_process_time_on_a_cpu() -> None:
+    """What the push bench's `fake ran=` is read from: a child's own count of its CPU
+    time against the kernel's, read from here while the child waits."""
+    spin = (
+        "import sys, time\n"
+        "t = time.process_time()\n"
+        "while time.process_time() - t < 0.3: pass\n"
+        "print(time.process_time(), flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        own = float(child.stdout.readline())  # once it spun (or '' if it died: fails)
+        counted = schedstat.of_process(child.pid)
+    finally:
+        child.communicate(timeout=ANSWER_S)
+    assert counted is not None
+    assert counted.ran == pytest.approx(own, abs=0.05)
+    assert schedstat.of_process(child.pid) is None  # reaped: nothing to read
 
 
 def test_the_stopwatch_leaves_aio_pika_as_it_found_it() -> None:

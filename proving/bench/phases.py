@@ -24,13 +24,20 @@ is buffered as soon as the slot is free, so a slot busy all the time is no
 sign of overload; it says that a message waits for the batch in flight
 before its own, and that both grow with what one batch costs.
 
-    phases: framework at 5,000 msg/s: 1,598 batches of 30 messages (median), slot busy
-    92% of 10.1 s; p50/p99 ms: wait 4.5/15.9 decode 0.6/3.4 begin 0.4/3.5 claim 1.0/4.9
-    effects 0.8/4.6 commit 0.7/5.5 settle 0.6/2.8 batch 5.4/15.4
+Last, the slowest batch on its own: how long it took, how many messages it
+held, how far into the run it was taken, and each of its phases. A p99 far
+above the batch's p99 is a stall; its phases say which wait it was in.
+
+    phases: framework at 5,000 msg/s: 3,018 batches of 12 messages (median), slot busy
+    77% of 10.0 s; p50/p99 ms: wait 1.6/7.8 decode 0.2/1.4 begin 0.2/1.7 claim 0.5/2.5
+    effects 0.4/2.2 commit 0.4/2.4 settle 0.2/1.3 batch 2.0/7.7; slowest 15.4 ms,
+    1 message, 0.0 s in: wait 0.2 decode 0.2 begin 0.3 claim 12.6 effects 1.2
+    commit 0.5 settle 0.4
 
 (one line in the output; `--variants ceiling,framework --paced-rate 5000
 --repeats 1 --messages 2000 --phases` on the 2-core python-svc machine,
-2026-12-06, docs/performance.md).
+2026-12-06 11:09 UTC, docs/performance.md: there the slowest was the first
+batch, whose claim statement was prepared on its connection).
 """
 
 from __future__ import annotations
@@ -145,5 +152,20 @@ class Phases:
         slot = f"slot busy {busy / span:.0%} of {span:.1f} s" if span > 0 else "one batch"
         return (
             f"phases: {variant} at {rate:,.0f} msg/s: {len(done):,} batches of {size:g}"
-            f" messages (median), {slot}; p50/p99 ms: {' '.join(parts)}"
+            f" messages (median), {slot}; p50/p99 ms: {' '.join(parts)}; {_slowest(done)}"
         )
+
+
+def _slowest(done: Sequence[tuple[int, dict[str, float]]]) -> str:
+    """`slowest 171.3 ms, 237 messages, 1.5 s in: wait 34.2 decode 2.7 ...`: the batch
+    that took longest from taken to acked, its phases in ms, and when it was taken."""
+    first = min(m["taken"] for _, m in done)
+    size, marks = max(done, key=lambda batch: batch[1]["settled"] - batch[1]["taken"])
+    parts = [
+        f"{name} {(marks[end] - marks[start]) * 1000:.1f}"
+        for name, start, end in PHASES
+        if name != "batch" and start in marks and end in marks
+    ]
+    took = (marks["settled"] - marks["taken"]) * 1000
+    held = f"{size} message{'' if size == 1 else 's'}"
+    return f"slowest {took:.1f} ms, {held}, {marks['taken'] - first:.1f} s in: {' '.join(parts)}"

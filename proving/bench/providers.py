@@ -26,6 +26,7 @@ from providers.fcm import FcmProvider, FcmSettings
 from providers.ids import send_ids
 from providers.provider import Provider
 from providers.push import Notification, Platform, Push, Target
+from proving.bench import schedstat
 
 TOKEN = "bench-device"
 LATENCY = 0.020
@@ -78,6 +79,11 @@ class FakeServer:
             raise RuntimeError(
                 f"the fake {service} exited before it listened (exit {self._child.exitcode})"
             ) from None
+
+    def cpu(self) -> schedstat.CpuTimes | None:
+        """The child's main thread (its event loop): time on a CPU and waiting for one."""
+        pid = self._child.pid
+        return None if pid is None else schedstat.of_process(pid)
 
     def requests(self) -> tuple[int, int]:
         """(requests read, distinct apns-ids among them) since the last `forget()`."""

@@ -10,7 +10,9 @@ token after 20 ms. Timed from the first delivery to the last ack (aio-pika's
 `IncomingMessage` is wrapped for the run); then the database must show every
 ledger row `sent` and the fake exactly N requests with N distinct apns-ids.
 `provider_only` (`proving.bench.providers`: ApnsProvider alone, same fake, 200 sends
-at a time) runs in every round, so both figures share the machine's weather.
+at a time) runs in every round, so both figures share the machine's weather. Each round's
+line gives the event loop thread's share of the run on a CPU and waiting for
+one (`ran=`, `waited=`), and the fake's (`fake ran=`): a side near 100% set the pace.
 Worker settings come from the environment (IW_MAX_BATCH, IW_PREFETCH,
 IW_CONCURRENCY); `--sweep` tries a few more. Medians of --runs rounds. The
 last line: `push_bench: sends_per_s=... fanout_sends_per_s=... provider_only=...
@@ -172,9 +174,11 @@ async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int)
             worker = Worker(push_app(queue, fake.settings), settings)
             await worker.start()
             freeze_started()  # as `idempotent-workers run` does once its worker started
+            fake_before, started = fake.cpu(), time.perf_counter()
             try:
                 await asyncio.wait_for(clock.done.wait(), RUN_TIMEOUT)
                 cpu = time.process_time() - cpu
+                fake_shares = _fake_shares(fake_before, fake.cpu(), time.perf_counter() - started)
             finally:
                 await worker.stop()
         row = await admin.fetchrow(
@@ -203,7 +207,7 @@ async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int)
             p99_ms=timing.p99_ms,
             cpu_us_per_send=cpu / sends * 1e6,
             duplicates=requests - distinct_ids,
-            shares=timing.cpu_shares(),
+            shares=f"{timing.cpu_shares()} {fake_shares}".strip(),
         )
     finally:
         with contextlib.suppress(Exception):
@@ -221,10 +225,20 @@ async def provider_run(fake: FakeServer, sends: int) -> tuple[float, str]:
     assert isinstance(fake.settings, ApnsSettings)
     fake.forget()
     provider = ApnsProvider(fake.settings)
-    before, started = schedstat.read(), time.perf_counter()
+    before, fake_before, started = schedstat.read(), fake.cpu(), time.perf_counter()
     rate = await one_run(provider, Platform.IOS, sends, PROVIDER_CONCURRENCY)
-    after, seconds = schedstat.read(), time.perf_counter() - started
-    return rate, schedstat.shares(schedstat.between(before, after), seconds)
+    after, fake_after, seconds = schedstat.read(), fake.cpu(), time.perf_counter() - started
+    ours = schedstat.shares(schedstat.between(before, after), seconds)
+    return rate, f"{ours} {_fake_shares(fake_before, fake_after, seconds)}".strip()
+
+
+def _fake_shares(
+    before: schedstat.CpuTimes | None, after: schedstat.CpuTimes | None, seconds: float
+) -> str:
+    """`fake ran=95% waited=3%`: the fake APNs's event loop over the same window, which
+    says whether it, not the sender, set the pace."""
+    shares = schedstat.shares(schedstat.between(before, after), seconds)
+    return f"fake {shares}" if shares else ""
 
 
 async def bench(

@@ -27,14 +27,20 @@ class CpuTimes:
         return CpuTimes(ran=self.ran - earlier.ran, waited=self.waited - earlier.waited)
 
 
-def read() -> CpuTimes | None:
-    """The calling thread's counters now; None where the kernel does not keep them."""
+def read(path: str = SCHEDSTAT) -> CpuTimes | None:
+    """The calling thread's counters now (or those `path` names); None where the kernel
+    does not keep them."""
     try:
-        with open(SCHEDSTAT) as counters:
+        with open(path) as counters:
             ran, waited, _slices = counters.read().split()
         return CpuTimes(ran=int(ran) / 1e9, waited=int(waited) / 1e9)
     except (OSError, ValueError):
         return None
+
+
+def of_process(pid: int) -> CpuTimes | None:
+    """The counters of process `pid`'s main thread (where a child's event loop runs)."""
+    return read(f"/proc/{pid}/schedstat")
 
 
 def between(first: CpuTimes | None, last: CpuTimes | None) -> CpuTimes | None:
