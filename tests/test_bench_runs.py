@@ -9,6 +9,7 @@ per run, and that the summary line is there.
 from __future__ import annotations
 
 import re
+import select
 import subprocess
 import sys
 import time
@@ -194,6 +195,8 @@ def test_schedstat_reads_another_process_time_on_a_cpu() -> None:
     )
     try:
         assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], ANSWER_S)
+        assert ready, f"the child printed nothing within {ANSWER_S:.0f} s"
         own = float(child.stdout.readline())  # once it spun (or '' if it died: fails)
         counted = schedstat.of_process(child.pid)
     finally:
