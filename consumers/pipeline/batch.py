@@ -5,7 +5,9 @@ This module is the guarantee. Read `BatchRunner.run`:
 1. decode every delivery; bad input is dead-lettered, never run;
 2. BEGIN; claim every key in one statement; run the handlers of the new keys
    with `ctx.tx`; write staged effects with one `executemany` per statement;
-   COMMIT. Effects and claims commit together or not at all;
+   COMMIT. Effects and claims commit together or not at all. With the next
+   batch already waiting, the COMMIT carries its BEGIN (COMMIT AND CHAIN,
+   `consumers.pipeline.held`);
 3. only then: publish retries and dead letters (confirmed), then ack.
 
 A handler that raises (any type: its exceptions are its own) or runs past its
@@ -101,6 +103,8 @@ class BatchRunner:
         self.faults = faults
         self.metrics = metrics
         self.acks: AckWindow | None = None  # a batch's multiple ack covers its channel
+        # Set by the worker to its loop's: deliveries are buffered for another batch.
+        self.next_batch_waiting: Callable[[], bool] = _nothing_waiting
         # Past this a handler is cancelled and its message retried (consumers.pipeline.deadline).
         self.deadline = (
             spec.timeout if spec.timeout is not None else settings.handler_timeout_seconds
@@ -149,8 +153,7 @@ class BatchRunner:
     ) -> Verdicts:
         # A demoted primary's connection is closed: the re-run gets the new primary's.
         async with self.connection.acquired() as conn, dropped_if_demoted(conn):
-            tx = conn.transaction()
-            await tx.start()
+            tx = await self.connection.begin(conn)  # BEGIN, or the last COMMIT's chain
             try:
                 outcomes = await self.inbox.claim(
                     conn,
@@ -180,7 +183,9 @@ class BatchRunner:
                 await rollback_quietly(tx)
                 raise
             async with replicated(conn):  # a cancelled wait for the standby: unknown, re-run
-                await tx.commit()  # <- effects and claims are durable from here on
+                # <- effects and claims are durable from here on; with the next batch
+                # waiting, its BEGIN goes in the same round trip (COMMIT AND CHAIN)
+                await self.connection.commit(conn, tx, chain=self.next_batch_waiting())
         return verdicts
 
     async def close(self) -> None:
@@ -298,6 +303,11 @@ class BatchRunner:
         if isinstance(exc, self.spec.retry.retry_on):
             return retry("handler_error", error=error_text(exc))
         return dead("handler_error", error=error_text(exc))
+
+
+def _nothing_waiting() -> bool:
+    """A runner no loop feeds: no batch is known to be waiting."""
+    return False
 
 
 def _check_connection(conn: DbConnection, exc: Exception) -> None:

@@ -85,6 +85,11 @@ class BatchLoop:
         self.buffer.append((delivery, weight))
         self.wake.set()
 
+    def next_batch_waiting(self) -> bool:
+        """Deliveries are buffered for the next batch (a local-effect runner begins its
+        transaction with the last one's COMMIT then)."""
+        return bool(self.buffer)
+
     async def run(self) -> None:
         try:
             while True:

@@ -235,6 +235,8 @@ class Worker:
                 at_once=at_once,
                 holding=holding,
             )
+            if isinstance(runner, BatchRunner):
+                runner.next_batch_waiting = loop.next_batch_waiting
             loop.queue = queue
             self._loops[loop] = asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}")
             loop.consumer_tag = await queue.consume(DirectConsumer(loop.on_delivery))

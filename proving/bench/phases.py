@@ -6,17 +6,19 @@ worker carries no timing code) and times each batch:
 
 - wait: its oldest delivery, from delivered (the stopwatch's clock) to taken
 - decode: taken to BEGIN sent (decoding, the held connection taken)
-- begin: asyncpg's `Transaction.start`, BEGIN's round trip
+- begin: `HeldConnection.begin`, BEGIN's round trip (none when the batch
+  before chained it to its COMMIT: `consumers.pipeline.held`)
 - claim: `Inbox.claim`, the claim statement
 - effects: the handlers and their staged statements (`BatchRunner._effects_fast`)
-- commit: `Transaction.commit`, COMMIT's round trip with the WAL flushed
+- commit: `HeldConnection.commit`, COMMIT's round trip with the WAL flushed
+  (and the next batch's BEGIN, when one is waiting)
 - settle: `Dispatcher.settle`: republishes, outcome lines, the multiple ack
 - batch: taken to acked
 
 BEGIN, the claim and the effects are timed in a batch's first attempt (a
 re-run after a lost connection, or the careful path after a handler's
-error, is not timed again); COMMIT is timed last, the transaction's own
-after any savepoint's release. The paced runs meet neither.
+error, is not timed again); COMMIT is timed last, the one that ended the
+batch. The paced runs meet neither.
 
 And how busy the loop's one batch slot was: the sum of the batch times over
 the span from the first taken to the last acked. A batch loop takes whatever
@@ -50,9 +52,9 @@ from contextvars import ContextVar
 from typing import Any
 
 from aio_pika.exceptions import ChannelInvalidStateError
-from asyncpg.transaction import Transaction
 
 from consumers.pipeline.batch import BatchRunner
+from consumers.pipeline.held import HeldConnection
 from consumers.pipeline.settle import Dispatcher
 from dedupe.inbox import Inbox
 from proving.bench.stopwatch import Stopwatch, quantile
@@ -124,10 +126,10 @@ class Phases:
 
         wrapped.append((BatchRunner, "run", run))
         BatchRunner.run = timed_run  # type: ignore[method-assign,assignment]
-        wrap(Transaction, "start", "begin", "begun")
+        wrap(HeldConnection, "begin", "begin", "begun")
         wrap(Inbox, "claim", "claim", "claimed")
         wrap(BatchRunner, "_effects_fast", "effects", "effected")
-        wrap(Transaction, "commit", "commit", "committed", last=True)  # savepoints' go first
+        wrap(HeldConnection, "commit", "commit", "committed", last=True)  # a re-run's is last
         wrap(Dispatcher, "settle", "settle", "settled")
         try:
             yield self
