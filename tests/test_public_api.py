@@ -60,6 +60,7 @@ INTERNAL_IMPORTS_ALLOWED = {
     "consumers.publishing.relay",
     "consumers.pipeline.settle",
     "consumers.pipeline.batch",  # the bench times a batch's phases (proving.bench.phases)
+    "consumers.pipeline.held",  # and its BEGIN and COMMIT there
 }
 
 

@@ -29,7 +29,10 @@ is empty until its batch runs: no snapshot, no locks, nothing written.
 
 5. A chained transaction older than CHAINED_FRESH_SECONDS when its batch
    starts is begun anew (ROLLBACK AND CHAIN, one round trip, as a BEGIN):
-   `now()` in a handler is never staler than that.
+   `now()` in a handler is never staler than that. One whose batch never
+   comes (its deliveries all stale, then a quiet queue) is ended by the
+   session's `idle_in_transaction_session_timeout` (the worker sets it), and
+   the next batch gets a new connection (1.).
 6. A connection given back, or a batch on another connection, rolls the
    chained transaction back first: none is left open, none reaches the pool.
 
