@@ -33,8 +33,9 @@ is empty until its batch runs: no snapshot, no locks, nothing written.
    comes (its deliveries all stale, then a quiet queue) is ended by the
    session's `idle_in_transaction_session_timeout` (the worker sets it), and
    the next batch gets a new connection (1.).
-6. A connection given back, or a batch on another connection, rolls the
-   chained transaction back first: none is left open, none reaches the pool.
+6. A connection given back rolls its chained transaction back first: none is
+   left open, none reaches the pool. A chain is only ever on the held
+   connection: 1. to 3. give back (and so end) any other.
 
 `hold=False` (a pool with no room for one connection per loop beside the
 worker's other users) gives the connection back after every batch, as a
@@ -65,9 +66,8 @@ CHAINED_FRESH_SECONDS = 1.0
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Chained:
-    """The transaction a COMMIT AND CHAIN began, kept for the next batch."""
+    """The transaction a COMMIT AND CHAIN began on the held connection, for the next batch."""
 
-    conn: PoolConnectionProxy[asyncpg.Record]
     tx: Transaction
     began: float  # time.monotonic()
 
@@ -105,12 +105,12 @@ class HeldConnection:
         """The batch's transaction on `conn`, started: the one the last COMMIT AND
         CHAIN began (no round trip), or a new one (BEGIN)."""
         chained, self._chained = self._chained, None
-        if chained is not None:
-            if chained.conn is conn and not conn.is_closed() and conn.is_in_transaction():
-                if time.monotonic() - chained.began > CHAINED_FRESH_SECONDS:  # 5.
-                    await conn.execute("ROLLBACK AND CHAIN")
-                return chained.tx
-            await rollback_quietly(chained.tx)  # 6.
+        if chained is not None and conn.is_in_transaction():  # `conn` is the held one (6.)
+            if time.monotonic() - chained.began > CHAINED_FRESH_SECONDS:  # 5.
+                await conn.execute("ROLLBACK AND CHAIN")
+            return chained.tx
+        if chained is not None:  # the server ended it: end asyncpg's record of it too
+            await rollback_quietly(chained.tx)
         tx = conn.transaction()
         await tx.start()
         return tx
@@ -128,7 +128,7 @@ class HeldConnection:
         except BaseException:
             await rollback_quietly(tx)  # a failed COMMIT began nothing: asyncpg's state too
             raise
-        self._chained = _Chained(conn=conn, tx=tx, began=time.monotonic())
+        self._chained = _Chained(tx=tx, began=time.monotonic())
 
     async def release(self) -> None:
         """Give the held connection back to the pool (4.). Idempotent."""
@@ -138,8 +138,7 @@ class HeldConnection:
 
     def _open_unchained(self, conn: PoolConnectionProxy[asyncpg.Record]) -> bool:
         """`conn` is in a transaction that is not the one chained for the next batch."""
-        chained = self._chained is not None and self._chained.conn is conn
-        return conn.is_in_transaction() and not chained
+        return conn.is_in_transaction() and self._chained is None
 
     async def _give_back(self, conn: PoolConnectionProxy[asyncpg.Record]) -> None:
         chained, self._chained = self._chained, None
