@@ -124,7 +124,7 @@ class SendLedger:
     ) -> datetime:
         """Write the intents of new jobs: the first `leased` targets of each job (all, if
         None) as `sending`, leased to this worker, the others `claimed`; return the expiry."""
-        ordered = sorted(intents, key=lambda i: i.target)
+        ordered = sorted(intents, key=lambda i: _lock_order(i.target))
         first = len(ordered) if leased is None else leased
         expiry: datetime = await tx.fetchval(
             f"WITH written AS (INSERT INTO {self._table} (consumer, tenant, message_id,"
@@ -274,7 +274,7 @@ class SendLedger:
         """
         if not results:
             return []
-        ordered = sorted(results, key=lambda r: r.target)
+        ordered = sorted(results, key=lambda r: _lock_order(r.target))
         # The lease is checked, and the row locked, by one primary-key probe per
         # answer (LATERAL ... LIMIT 1): a filter on status and lease_owner in the
         # join itself let a planner with stale statistics (a fan-out burst leases
@@ -307,6 +307,14 @@ class SendLedger:
             TargetKey(key=DedupeKey(consumer=r[0], tenant=r[1], message_id=r[2]), target_index=r[3])
             for r in rows
         ]
+
+
+def _lock_order(target: TargetKey) -> tuple[str, str, str, int]:
+    """`target`'s place in the order rows are written and locked in: TargetKey's own
+    order, as a flat tuple, so a sort compares in C and not through the dataclass'
+    `__lt__` (about 1 us an answer of 500, down to 0.25)."""
+    key = target.key
+    return (key.consumer, key.tenant, key.message_id, target.target_index)
 
 
 def _row(record: asyncpg.Record, mine: set[TargetKey]) -> SendRow:

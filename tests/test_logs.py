@@ -178,3 +178,25 @@ def test_fast_push_sent_line_is_the_json_chains_bytes(json_log: io.BytesIO) -> N
 
     assert STAMP.sub(b"", json_log.getvalue()) == STAMP.sub(b"", by_structlog)
     assert b'"push_sent"' in by_structlog
+
+
+def test_the_lines_bench_times_the_same_bytes_both_ways(json_log: io.BytesIO) -> None:
+    """`proving.bench.lines` compares two ways of writing one batch: both must write
+    what the JSON chain would, or its ratio measures different work."""
+    from proving.bench.lines import HeldLines, fields
+
+    appended = outcome_lines()
+    assert appended is not None
+    held = HeldLines(appended)
+    written = []
+    for lines in (held, appended):
+        for n in range(3):
+            lines.line("push_sent", "info", fields(n))
+        lines.flush()
+        written.append(STAMP.sub(b"", json_log.getvalue()))
+        json_log.seek(0)
+        json_log.truncate()
+    for n in range(3):
+        structlog.get_logger("t").info("push_sent", **fields(n))
+    assert written[0] == written[1] == STAMP.sub(b"", json_log.getvalue())
+    assert written[0].count(b"\n") == 3

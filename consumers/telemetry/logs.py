@@ -76,13 +76,20 @@ _LINE_LEVELS = {name.lower(): number for name, number in _LEVELS.items()}  # "in
 
 
 class OutcomeLines:
-    """One batch's outcome lines, rendered as the JSON chain would, written at once."""
+    """One batch's outcome lines, rendered as the JSON chain would, written at once.
 
-    __slots__ = ("_chunks", "_setup")
+    Each line is copied into one buffer as it is rendered, not held as a bytes
+    object of its own until the write: orjson renders into a fresh 1 KiB bytes
+    object and trims it, and a batch's hundreds of trimmed objects held at once
+    cost the allocator more than one freed at once (`python -m proving.bench.lines`:
+    8.1 against 2.7 us a line; in a push worker, 5.4 against 3.1).
+    """
+
+    __slots__ = ("_buffer", "_setup")
 
     def __init__(self, setup: _JsonSetup) -> None:
         self._setup = setup
-        self._chunks: list[bytes] = []
+        self._buffer = bytearray()
 
     def line(self, event: str, level: str, fields: dict[str, Any]) -> None:
         """Queue `fields` (taken over) as the line `log.<level>(event, **fields)` writes."""
@@ -92,14 +99,15 @@ class OutcomeLines:
         fields["event"] = event
         fields["level"] = level
         self._setup.stamp(None, level, fields)
-        self._chunks.append(_dumps(fields))
+        self._buffer += _dumps(fields)
+        self._buffer += b"\n"
 
     def flush(self) -> None:
-        if self._chunks:
-            self._chunks.append(b"")
-            self._setup.file.write(b"\n".join(self._chunks))
+        if self._buffer:
+            # A new buffer, not a cleared one: the file may still hold the old.
+            written, self._buffer = self._buffer, bytearray()
+            self._setup.file.write(written)
             self._setup.file.flush()
-            self._chunks.clear()
 
 
 def outcome_lines() -> OutcomeLines | None:
