@@ -19,6 +19,7 @@ from providers import (
     TransientProviderError,
     UnknownOutcomeError,
 )
+from providers.apns import _ExactlyOnceProtocol, answered_within
 from providers.fakes.apns import FakeApns
 from tests.providers.pushes import ids_for, push_to, send_or_error
 from tests.support import wait_for
@@ -65,6 +66,31 @@ async def test_b_cancelled_send_neither_hangs_nor_resends_its_neighbours(
         provider="apns", provider_message_id=ids_for("after").apns_id
     )
     assert {r.connection_id for r in fake_apns.requests} == {1}
+
+
+async def test_b_cancelled_send_leaves_its_stream_to_its_answer(
+    apns: ApnsProvider, fake_apns: FakeApns
+) -> None:
+    """Cancelling a send ends its wait, not its stream: the stream stays on its
+    connection, its answer pending (what `aclose` waits for), until APNs answers."""
+    fake_apns.script("cancelled", latency=0.5)
+    victim = asyncio.create_task(apns.send(push_to("cancelled"), ids_for("cancelled")))
+    await wait_for(lambda: _received(fake_apns, 1), timeout=10)
+    victim.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await victim
+
+    assert apns._pool is not None
+    [connection] = [c for c in apns._pool.connections if isinstance(c, _ExactlyOnceProtocol)]
+    [stream] = connection.streams.values()
+    assert not stream.answer.done()
+
+    async def answered() -> bool:
+        return not connection.streams
+
+    await wait_for(answered, timeout=10)
+    assert stream.answer.done() and not stream.answer.cancelled()
+    assert len(fake_apns.requests) == 1
 
 
 async def test_b_timed_out_send_abandons_its_connection_but_not_its_neighbours(
@@ -214,3 +240,19 @@ async def test_f_a_connection_whose_settings_never_come_is_closed_and_replaced()
         )
         assert [r.token for r in fake.requests] == ["late-settings-2"]
         assert fake.connections_opened == 2
+
+
+async def test_answered_within_says_whether_the_answer_came_and_never_cancels_it() -> None:
+    loop = asyncio.get_running_loop()
+    answered = loop.create_future()
+    loop.call_soon(answered.set_result, "200")
+    assert await answered_within(answered, 10.0)
+
+    silent = loop.create_future()
+    assert not await answered_within(silent, 0.01)
+    waiting = asyncio.create_task(answered_within(silent, 10.0))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not silent.done()  # neither the timeout nor the cancel touched it
