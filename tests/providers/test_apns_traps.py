@@ -19,7 +19,8 @@ from providers import (
     TransientProviderError,
     UnknownOutcomeError,
 )
-from providers.apns import _ExactlyOnceProtocol, answered_within
+from providers.apns import _ExactlyOnceProtocol
+from providers.apns_wire import AnswerWaits, Lost, PendingStream
 from providers.fakes.apns import FakeApns
 from tests.providers.pushes import ids_for, push_to, send_or_error
 from tests.support import wait_for
@@ -242,17 +243,37 @@ async def test_f_a_connection_whose_settings_never_come_is_closed_and_replaced()
         assert fake.connections_opened == 2
 
 
-async def test_answered_within_says_whether_the_answer_came_and_never_cancels_it() -> None:
+async def test_answer_waits_end_at_the_answer_or_the_deadline_and_never_cancel_it() -> None:
     loop = asyncio.get_running_loop()
-    answered = loop.create_future()
-    loop.call_soon(answered.set_result, "200")
-    assert await answered_within(answered, 10.0)
+    streams: dict[int, PendingStream] = {}
+    waits = AnswerWaits(loop, lambda: streams.values())
 
-    silent = loop.create_future()
-    assert not await answered_within(silent, 0.01)
-    waiting = asyncio.create_task(answered_within(silent, 10.0))
-    await asyncio.sleep(0)
-    waiting.cancel()
+    def pending(stream_id: int, seconds: float) -> PendingStream:
+        stream = PendingStream(answer=loop.create_future(), deadline=loop.time() + seconds)
+        streams[stream_id] = stream
+        return stream
+
+    def finish(stream_id: int) -> None:  # what the connection does with an answer
+        stream = streams.pop(stream_id)
+        stream.answer.set_result(Lost(reason="test"))
+        waits.answered(stream)
+
+    answered = pending(1, 10.0)
+    loop.call_soon(finish, 1)
+    assert await waits.wait(answered)
+
+    long, short = pending(3, 10.0), pending(5, 0.05)
+    waiting_long = asyncio.create_task(waits.wait(long))
+    await asyncio.sleep(0)  # the timer is at the long deadline now
+    started = loop.time()
+    assert not await asyncio.wait_for(waits.wait(short), 5.0)  # its own deadline, not 10 s
+    assert loop.time() - started < 5.0
+    assert not short.answer.done()
+
+    waiting_long.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await waiting
-    assert not silent.done()  # neither the timeout nor the cancel touched it
+        await waiting_long
+    assert not long.answer.done()  # neither the deadline nor the cancel touched it
+    finish(3)  # a late answer is still taken
+    assert long.answer.done()
+    waits.close()
