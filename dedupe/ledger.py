@@ -284,7 +284,7 @@ class SendLedger:
         rows = await tx.fetch(
             "WITH mine AS MATERIALIZED (SELECT x.*"
             " FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[],"
-            "  $6::text[], $7::text[]) AS x(c, t, m, i, s, pid, why)"
+            "  $6::text[], $7::text[]) WITH ORDINALITY AS x(c, t, m, i, s, pid, why, n)"
             f" CROSS JOIN LATERAL (SELECT FROM {self._table} r"
             "  WHERE (r.consumer, r.tenant, r.message_id, r.target_index) = (x.c, x.t, x.m, x.i)"
             "  AND r.status = 'sending' AND r.lease_owner = $8 LIMIT 1 FOR UPDATE) AS r)"
@@ -293,7 +293,7 @@ class SendLedger:
             " updated_at = now()"
             " FROM mine AS x"
             " WHERE (o.consumer, o.tenant, o.message_id, o.target_index) = (x.c, x.t, x.m, x.i)"
-            " RETURNING o.consumer, o.tenant, o.message_id, o.target_index",
+            " RETURNING x.n",  # the answer's place in `ordered`: no key read back
             [r.target.key.consumer for r in ordered],
             [r.target.key.tenant for r in ordered],
             [r.target.key.message_id for r in ordered],
@@ -303,10 +303,7 @@ class SendLedger:
             [r.failure_reason for r in ordered],
             self.owner,
         )
-        return [
-            TargetKey(key=DedupeKey(consumer=r[0], tenant=r[1], message_id=r[2]), target_index=r[3])
-            for r in rows
-        ]
+        return [ordered[r[0] - 1].target for r in rows]
 
 
 def _lock_order(target: TargetKey) -> tuple[str, str, str, int]:

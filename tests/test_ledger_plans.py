@@ -90,3 +90,44 @@ async def test_taking_redelivered_jobs_reads_no_row_by_a_sequential_scan(
 
     assert len(rows) == 300 and all(row.mine for row in rows)
     assert scanned == 0
+
+
+async def test_recording_returns_the_answers_whose_lease_it_held(
+    db: DbConnection, schema: str
+) -> None:
+    """The rows recorded are read back by their answer's place, not their key: the
+    answers come in any order, and one whose lease another worker took is left out."""
+    await db.execute(
+        "INSERT INTO outbound_sends (consumer, tenant, message_id, target_index, platform,"
+        " token, apns_id, collapse_id, status, sends, lease_owner, lease_expires_at)"
+        " SELECT 'q', t, 'order-' || g, 0, 'ios', 'token-' || g, gen_random_uuid(), 'c',"
+        "  'sending', 1, CASE WHEN g = 2 THEN 'worker-b' ELSE $1 END,"
+        "  now() + interval '30 seconds'"
+        " FROM generate_series(1, 4) AS g, (VALUES (''), ('acme')) AS v(t)",
+        OWNER,
+    )
+    answers = [
+        SendResult(
+            target=TargetKey(
+                key=DedupeKey(consumer="q", tenant=tenant, message_id=f"order-{g}"),
+                target_index=0,
+            ),
+            status=SendStatus.SENT,
+            provider_message_id=f"apns-{tenant}-{g}",
+        )
+        for g in (4, 2, 1, 3)
+        for tenant in ("acme", "")
+    ]
+
+    async with db.transaction():
+        recorded = await SendLedger(schema, OWNER).record(db, answers)
+
+    taken_over = {a.target for a in answers if a.target.key.message_id == "order-2"}
+    assert sorted(recorded) == sorted(a.target for a in answers if a.target not in taken_over)
+    rows = await db.fetch(
+        "SELECT tenant, message_id, provider_message_id FROM outbound_sends WHERE status = 'sent'"
+    )
+    assert {(r[0], r[1]): r[2] for r in rows} == {
+        (t.key.tenant, t.key.message_id): f"apns-{t.key.tenant}-{t.key.message_id[6:]}"
+        for t in recorded
+    }

@@ -16,7 +16,7 @@ and, once every target of a job has answered, for the job's message.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -162,16 +162,13 @@ def metric_outcome(answer: Answered) -> str:
     return "unknown" if answer.defer is Defer.UNKNOWN else "deferred"
 
 
-def metric_outcomes(
-    answers: Sequence[Answered], recorded: Collection[TargetKey]
-) -> dict[str, dict[str, int]]:
+def metric_outcomes(recorded: Iterable[Answered]) -> dict[str, dict[str, int]]:
     """Recorded answers counted by provider and `metric_outcome`."""
     counts: dict[str, dict[str, int]] = {}
-    for answer in answers:
-        if answer.send.target in recorded:
-            of = counts.setdefault(answer.send.provider, {})
-            outcome = metric_outcome(answer)
-            of[outcome] = of.get(outcome, 0) + 1
+    for answer in recorded:
+        of = counts.setdefault(answer.send.provider, {})
+        outcome = metric_outcome(answer)
+        of[outcome] = of.get(outcome, 0) + 1
     return counts
 
 

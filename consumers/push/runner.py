@@ -242,10 +242,15 @@ class PushRunner:
             tx = conn.transaction()
             await tx.start()
             try:
-                recorded = set(await self.ledger.record(conn, [a.result for a in answers]))
+                recorded = await self.ledger.record(conn, [a.result for a in answers])
+                if len(recorded) == len(answers):  # the common case: no lookup per answer
+                    kept = [True] * len(answers)
+                else:  # some leases were taken over: those answers are the other worker's
+                    mine = set(recorded)
+                    kept = [answer.send.target in mine for answer in answers]
                 hook = self.push.on_invalid_token
-                for answer in answers:
-                    if hook is not None and answer.dead_token and answer.send.target in recorded:
+                for answer, ours in zip(answers, kept, strict=True):
+                    if hook is not None and answer.dead_token and ours:
                         await hook(conn, dead_token(answer))
                 self.faults.reached(CrashPoint.AFTER_SEND)
             except BaseException:
@@ -254,10 +259,10 @@ class PushRunner:
             async with replicated(conn):  # a cancelled wait for the standby: unknown
                 await tx.commit()  # <- answers durable; only now may the jobs be acked
         lines = outcome_lines()  # the sent lines (most of them) without structlog's chain
-        for answer in answers:
-            recorded_now = answer.send.target in recorded
-            log_answer(answer, consumer=self.spec.queue, recorded=recorded_now, lines=lines)
+        for answer, ours in zip(answers, kept, strict=True):
+            log_answer(answer, consumer=self.spec.queue, recorded=ours, lines=lines)
         if lines is not None:
             lines.flush()
-        for provider, outcomes in metric_outcomes(answers, recorded).items():
+        counted = (answer for answer, ours in zip(answers, kept, strict=True) if ours)
+        for provider, outcomes in metric_outcomes(counted).items():
             self.metrics.pushes(provider, outcomes)
