@@ -37,7 +37,7 @@ async def _timer_each(answer: asyncio.Future[Outcome], seconds: float) -> bool:
     answer.add_done_callback(wake)
     timer = loop.call_later(seconds, wake)
     try:
-        await waiter
+        await waiter  # unbounded: the timer above ends it (the way measured)
     finally:
         timer.cancel()
         answer.remove_done_callback(wake)
@@ -50,8 +50,8 @@ async def _wait(way: str, waits: AnswerWaits, stream: PendingStream) -> None:
     elif way == "timer_each":
         await _timer_each(stream.answer, TIMEOUT_S)
     elif way == "answer_waits":
-        await waits.wait(stream)
-    else:
+        await waits.wait(stream)  # unbounded: the stream's deadline ends it (the way measured)
+    else:  # unbounded: the floor measured; the bench answers every stream a step later
         await stream.answer
 
 
