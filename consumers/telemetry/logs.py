@@ -93,14 +93,19 @@ class OutcomeLines:
 
     def line(self, event: str, level: str, fields: dict[str, Any]) -> None:
         """Queue `fields` (taken over) as the line `log.<level>(event, **fields)` writes."""
+        if (rendered := self._rendered(event, level, fields)) is not None:
+            self._buffer += rendered
+            self._buffer += b"\n"
+
+    def _rendered(self, event: str, level: str, fields: dict[str, Any]) -> bytes | None:
+        """The line's JSON, as the chain renders it; None below the configured level."""
         if _LINE_LEVELS[level] < self._setup.min_level:
-            return
+            return None
         # The chain's key order: the call's fields, event, level, timestamp.
         fields["event"] = event
         fields["level"] = level
         self._setup.stamp(None, level, fields)
-        self._buffer += _dumps(fields)
-        self._buffer += b"\n"
+        return _dumps(fields)
 
     def flush(self) -> None:
         if self._buffer:

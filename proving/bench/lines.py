@@ -20,13 +20,7 @@ import statistics
 import time
 from typing import Any
 
-from consumers.telemetry.logs import (
-    _LINE_LEVELS,
-    OutcomeLines,
-    _dumps,
-    configure_logging,
-    outcome_lines,
-)
+from consumers.telemetry.logs import OutcomeLines, configure_logging, outcome_lines
 
 
 def fields(n: int) -> dict[str, Any]:
@@ -57,12 +51,8 @@ class HeldLines(OutcomeLines):
         self._chunks: list[bytes] = []
 
     def line(self, event: str, level: str, fields: dict[str, Any]) -> None:
-        if _LINE_LEVELS[level] < self._setup.min_level:
-            return
-        fields["event"] = event
-        fields["level"] = level
-        self._setup.stamp(None, level, fields)
-        self._chunks.append(_dumps(fields))
+        if (rendered := self._rendered(event, level, fields)) is not None:
+            self._chunks.append(rendered)  # orjson's own bytes, held until the write
 
     def flush(self) -> None:
         if self._chunks:
