@@ -201,10 +201,10 @@ class _ExactlyOnceProtocol(APNsTLSClientProtocol):
             self.loop.call_soon(self._flush_now)
         return stream
 
-    def abandon(self, answer: asyncio.Future[Outcome], *, grace: float) -> None:
-        """Forget `answer`'s stream (its late answer is ignored) and take no new streams;
-        leave the pool at once, close when the open streams end or after `grace` seconds."""
-        self.streams = {k: v for k, v in self.streams.items() if v.answer is not answer}
+    def abandon(self, stream: PendingStream, *, grace: float) -> None:
+        """Forget `stream` (its late answer is ignored) and take no new streams; leave
+        the pool at once, close when the open streams end or after `grace` seconds."""
+        self.streams = {k: v for k, v in self.streams.items() if v is not stream}
         self.abandoned = True
         leave_pool, self.on_connection_lost = self.on_connection_lost, None
         if leave_pool is not None:
@@ -382,13 +382,12 @@ class ApnsProvider:
         except NotSentError as exc:
             connection.wake_writers()
             raise TransientProviderError(exc.reason, provider=self.name) from exc
-        answer = stream.answer
         if not await connection.waits.wait(stream):
-            connection.abandon(answer, grace=self.settings.timeout_seconds)
+            connection.abandon(stream, grace=self.settings.timeout_seconds)
             self._abandoned.add(connection)
             connection.closed.add_done_callback(lambda _: self._abandoned.discard(connection))
             raise UnknownOutcomeError("Timeout", provider=self.name)
-        outcome = answer.result()
+        outcome = stream.answer.result()
         if isinstance(outcome, Answer) and outcome.status == 403 and self.token is not None:
             self.token.refused(reason_of(outcome.body))
         return apns_result(outcome, sent_apns_id=ids.apns_id, provider=self.name)

@@ -1,6 +1,6 @@
 """A batch's outcome lines: each held as its own bytes until the write, against appended.
 
-    python -m proving.bench.lines [--lines 500] [--rounds 7]
+    python -m proving.bench.lines [--lines 500] [--batches 40] [--rounds 7]
 
 A batch of `--lines` `push_sent` lines (the fields `consumers.push.answers`
 logs, distinct per line) is rendered with the JSON set-up `configure_logging`
