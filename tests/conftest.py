@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from pathlib import Path
 
 import aio_pika
@@ -148,6 +148,33 @@ def worker_env(schema: str, queue_name: str) -> dict[str, str]:
 
 
 Spawn = Callable[..., WorkerProcess]
+
+
+# Set on a test's item when its call failed: its worker processes' logs are printed.
+CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[CALL_FAILED] = True
+    return report
+
+
+@pytest.fixture(autouse=True)
+def worker_logs_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that failed while worker processes ran (a wait that timed out, say)
+    keeps and prints each one's log, as a worker that exited wrongly does: the
+    failure explains itself."""
+    WorkerProcess.started.clear()
+    yield
+    if request.node.stash.get(CALL_FAILED, False):
+        for worker in WorkerProcess.started:
+            worker.keep_log("ran in a test that failed")
+    WorkerProcess.started.clear()
 
 
 @pytest.fixture

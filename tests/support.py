@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aio_pika
 from prometheus_client.parser import text_string_to_metric_families
@@ -56,6 +56,9 @@ async def settle(
 class WorkerProcess:
     """`python -m consumers run MODULE:APP` as a real child process."""
 
+    # Every one started in this test (tests/conftest.py prints their logs if it fails).
+    started: ClassVar[list[WorkerProcess]] = []
+
     def __init__(
         self,
         target: str,
@@ -69,6 +72,8 @@ class WorkerProcess:
         full["PYTHONPATH"] = str(ROOT)
         self.log_path = log_path
         self.killed = False  # SIGKILLed by the test: its exit says nothing
+        self.log_kept = False
+        WorkerProcess.started.append(self)
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "consumers", "run", target, *args],
@@ -95,7 +100,7 @@ class WorkerProcess:
             if asyncio.get_running_loop().time() > deadline:
                 self.proc.kill()
                 self.proc.wait()
-                self._keep_log(f"did not exit within {timeout} s")
+                self.keep_log(f"did not exit within {timeout} s")
                 raise AssertionError(f"worker {self.pid} did not exit within {timeout} s")
             await asyncio.sleep(0.05)
         self._log.close()
@@ -106,9 +111,13 @@ class WorkerProcess:
         """A non-zero exit the test did not cause: keep the log, which goes with tmp_path."""
         code = self.proc.returncode
         if code not in (0, None) and not (self.killed and code == -signal.SIGKILL):
-            self._keep_log(f"exited {code}")
+            self.keep_log(f"exited {code}")
 
-    def _keep_log(self, why: str) -> None:
+    def keep_log(self, why: str) -> None:
+        """Copy the log out of the test's directory and print its end (once a worker)."""
+        if self.log_kept:
+            return
+        self.log_kept = True
         if not self._log.closed:
             self._log.flush()
         keep_log(self.log_path, f"test-worker-{self.pid}-{self.log_path.name}", f"worker {why}")

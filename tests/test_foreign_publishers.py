@@ -6,6 +6,12 @@ not a transform, so each such job has its one effect. A real transform
 (gzip, deflate, binary, kombu's `compression`) is refused as
 `unsupported_content_encoding`. Every job is published twice with the same
 message_id (a publisher's retry): one effect each, never a second.
+
+Both publishers ask for publisher confirms and publish a nacked message again,
+as a careful publisher does: only a confirm says the broker took the message.
+RabbitMQ has refused a publish to a quorum queue declared a moment before (see
+`tests.support.publish_confirmed`); without confirms kombu drops such a job
+unseen, and a test waiting for its outcome waits for a job that never came.
 """
 
 from __future__ import annotations
@@ -19,11 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aio_pika
+import amqp.exceptions
 import kombu
 import pika
+import pika.exceptions
 
 from consumers import REASON_HEADER
 from dedupe import DbConnection
+from proving.deadlines import ANSWER_S, within
 from tests.conftest import AMQP_URL, Spawn
 from tests.support import WorkerProcess, drain_dead_letters, wait_declared, wait_for
 
@@ -38,6 +47,10 @@ class PikaJob:
     content_encoding: str | None = None
 
 
+# How often one message is published again after a nack before the test gives up.
+NACK_TRIES = 20
+
+
 def pika_publish(queue: str, jobs: Sequence[PikaJob], *, times: int = 2) -> None:
     """Publish each job `times` times, as pika's own tutorial does, with confirms."""
     connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
@@ -46,18 +59,22 @@ def pika_publish(queue: str, jobs: Sequence[PikaJob], *, times: int = 2) -> None
         channel.confirm_delivery()
         for _ in range(times):
             for job in jobs:
-                channel.basic_publish(
-                    exchange="",
-                    routing_key=queue,
-                    body=job.body,
-                    properties=pika.BasicProperties(
-                        message_id=job.message_id,
-                        content_type=job.content_type,
-                        content_encoding=job.content_encoding,
-                        delivery_mode=pika.DeliveryMode.Persistent,
-                    ),
-                    mandatory=True,
+                properties = pika.BasicProperties(
+                    message_id=job.message_id,
+                    content_type=job.content_type,
+                    content_encoding=job.content_encoding,
+                    delivery_mode=pika.DeliveryMode.Persistent,
                 )
+                for _ in range(NACK_TRIES):
+                    try:
+                        channel.basic_publish(
+                            "", queue, job.body, properties=properties, mandatory=True
+                        )
+                        break
+                    except pika.exceptions.NackError:
+                        print(f"pika_publish: {job.message_id!r} nacked; again")
+                else:
+                    raise AssertionError(f"{job.message_id!r} nacked {NACK_TRIES} times")
     finally:
         connection.close()
 
@@ -65,20 +82,49 @@ def pika_publish(queue: str, jobs: Sequence[PikaJob], *, times: int = 2) -> None
 def kombu_publish(
     queue: str, bodies: dict[str, dict[str, int]], *, times: int = 2, compression: str | None = None
 ) -> None:
-    """Publish each body `times` times with kombu's JSON serializer, as Celery services do."""
-    with kombu.Connection(AMQP_URL) as connection:
+    """Publish each body `times` times with kombu's JSON serializer, as Celery services do.
+
+    With publisher confirms (kombu's `confirm_publish`, as Celery's
+    `broker_transport_options` set it), each publish waits for its confirm.
+    """
+    options = {"confirm_publish": True}
+    with kombu.Connection(AMQP_URL, transport_options=options) as connection:
         producer = connection.Producer(serializer="json")
         for _ in range(times):
             for message_id, body in bodies.items():
-                producer.publish(
-                    body,
-                    exchange="",
-                    routing_key=queue,
-                    message_id=message_id,
-                    delivery_mode=2,
-                    compression=compression,
-                    retry=True,
-                )
+                for _ in range(NACK_TRIES):
+                    try:
+                        producer.publish(
+                            body,
+                            exchange="",
+                            routing_key=queue,
+                            message_id=message_id,
+                            delivery_mode=2,
+                            compression=compression,
+                            retry=True,
+                            timeout=ANSWER_S,  # the confirm's, too
+                        )
+                        break
+                    except amqp.exceptions.MessageNacked:
+                        print(f"kombu_publish: {message_id!r} nacked; again")
+                else:
+                    raise AssertionError(f"{message_id!r} nacked {NACK_TRIES} times")
+
+
+async def by_pika(queue: str, jobs: Sequence[PikaJob], *, times: int = 2) -> None:
+    """`pika_publish` in a thread; its confirms all come within one deadline."""
+    publishes = asyncio.to_thread(pika_publish, queue, jobs, times=times)
+    await within(ANSWER_S, f"pika's confirmed publishes to {queue}", publishes)
+
+
+async def by_kombu(
+    queue: str, bodies: dict[str, dict[str, int]], *, times: int = 2, compression: str | None = None
+) -> None:
+    """`kombu_publish` in a thread; its confirms all come within one deadline."""
+    publishes = asyncio.to_thread(
+        kombu_publish, queue, bodies, times=times, compression=compression
+    )
+    await within(ANSWER_S, f"kombu's confirmed publishes to {queue}", publishes)
 
 
 async def effects_by_id(db: DbConnection) -> dict[str, int]:
@@ -98,14 +144,37 @@ def outcomes(worker: WorkerProcess) -> Counter[tuple[str, str]]:
     )
 
 
-async def wait_outcomes(worker: WorkerProcess, n: int) -> Counter[tuple[str, str]]:
-    """Wait until the worker has logged `n` outcome lines (one per delivery); return them."""
+async def wait_outcomes(worker: WorkerProcess, n: int, queue: str) -> Counter[tuple[str, str]]:
+    """Wait until the worker has logged `n` outcome lines (one per delivery); return them.
+
+    On timeout, fail saying which lines came and what `queue` still holds: a
+    job the broker never took and a job the worker never settled differ there.
+    """
 
     async def logged() -> bool:
         return sum(outcomes(worker).values()) >= n
 
-    await wait_for(logged, timeout=60)
+    try:
+        await wait_for(logged, timeout=60)
+    except AssertionError as late:
+        held = await queue_state(queue)
+        raise AssertionError(
+            f"{late}: {n} outcome lines awaited, {sorted(outcomes(worker).items())} logged;"
+            f" {queue} holds {held}"
+        ) from None
     return outcomes(worker)
+
+
+async def queue_state(queue: str) -> str:
+    """`queue`'s ready messages and consumers, as a passive declare reads them."""
+    connection = await aio_pika.connect(AMQP_URL, timeout=ANSWER_S)
+    try:
+        channel = await within(ANSWER_S, "a channel to the broker", connection.channel())
+        declared = await channel.declare_queue(queue, passive=True, timeout=ANSWER_S)
+        result = declared.declaration_result
+        return f"{result.message_count} ready, {result.consumer_count} consumers"
+    finally:
+        await connection.close()
 
 
 def body(n: int) -> bytes:
@@ -133,8 +202,8 @@ async def test_pika_jobs_in_every_usual_form_have_one_effect_each_retry_included
 ) -> None:
     worker = spawn()
     await wait_declared(AMQP_URL, queue_name)
-    await asyncio.to_thread(pika_publish, queue_name, ACCEPTED)
-    seen = await wait_outcomes(worker, 2 * len(ACCEPTED))
+    await by_pika(queue_name, ACCEPTED)
+    seen = await wait_outcomes(worker, 2 * len(ACCEPTED), queue_name)
     ids = [job.message_id for job in ACCEPTED]
     assert seen == Counter(
         {
@@ -152,8 +221,8 @@ async def test_kombu_json_jobs_have_one_effect_each_retry_included(
     worker = spawn()
     await wait_declared(AMQP_URL, queue_name)
     bodies = {f"kombu-{n}": {"n": n} for n in range(3)}
-    await asyncio.to_thread(kombu_publish, queue_name, bodies)
-    seen = await wait_outcomes(worker, 2 * len(bodies))
+    await by_kombu(queue_name, bodies)
+    seen = await wait_outcomes(worker, 2 * len(bodies), queue_name)
     assert seen == Counter(
         {
             **{(i, "effect_committed"): 1 for i in bodies},
@@ -169,7 +238,7 @@ async def test_kombu_sets_the_utf8_content_encoding_this_suite_accepts(
 ) -> None:
     """What kombu puts on the wire, read back: the case above is the one the issue saw."""
     await channel.declare_queue(queue_name, durable=True)
-    await asyncio.to_thread(kombu_publish, queue_name, {"seen": {"n": 1}}, times=1)
+    await by_kombu(queue_name, {"seen": {"n": 1}}, times=1)
     queue = await channel.get_queue(queue_name)
     message = await queue.get(no_ack=True, timeout=10)
     assert (message.content_type, message.content_encoding) == ("application/json", "utf-8")
@@ -189,12 +258,10 @@ async def test_real_transforms_stay_refused_with_their_reason(
 ) -> None:
     worker = spawn()
     await wait_declared(AMQP_URL, queue_name)
-    await asyncio.to_thread(pika_publish, queue_name, REFUSED, times=1)
-    await asyncio.to_thread(
-        kombu_publish, queue_name, {"kombu-gzip": {"n": 5}}, times=1, compression="gzip"
-    )
+    await by_pika(queue_name, REFUSED, times=1)
+    await by_kombu(queue_name, {"kombu-gzip": {"n": 5}}, times=1, compression="gzip")
     ids = [*(job.message_id for job in REFUSED), "kombu-gzip"]
-    seen = await wait_outcomes(worker, len(ids))
+    seen = await wait_outcomes(worker, len(ids), queue_name)
     assert seen == Counter({(i, "dead_lettered"): 1 for i in ids})
     dead = await drain_dead_letters(channel, queue_name)
     reasons = {d.message_id: d.headers[REASON_HEADER] for d in dead}

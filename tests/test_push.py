@@ -481,3 +481,32 @@ async def test_worker_killed_between_settle_and_ack_redelivers_and_sends_nothing
         assert row["status"] == "sent"
         assert requests == 1 if row["token"] in recorded else 1 <= requests <= row["sends"]
     assert '"duplicate_ignored"' in second.log_text()  # settled, unacked: redelivered
+
+
+async def test_a_job_whose_text_holds_a_lone_surrogate_is_dead_lettered_and_sends_nothing(
+    harness: Harness,
+    pruned: DbConnection,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+) -> None:
+    """JSON may escape half a UTF-16 pair (`"\\ud800"`), and Python's json reads it
+    into a str no UTF-8 encoder takes: no provider's body can carry it. The send
+    API refuses such a body at its door; one published straight to the queue is
+    dead-lettered as invalid JSON at once (the decoding refuses it), never
+    handed to a provider that would fail to encode it on every attempt."""
+    raw = (
+        b'{"targets": [{"platform": "ios", "token": "%s"}, {"platform": "android",'
+        b' "token": "%s"}], "notification": {"title": "Shipped \\ud800", "body": "b"}}'
+        % (IOS.token.encode(), ANDROID.token.encode())
+    )
+    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)):
+        await harness.publish(raw, message_id="lone-surrogate")
+        await harness.publish(job(IOS_2), message_id="after-it")
+        await harness.wait_dead_letters(1)
+        await wait_for(lambda: all_settled(pruned, 1), timeout=30)
+    dead = await harness.dead_letters()
+    assert [d.message_id for d in dead] == ["lone-surrogate"]
+    assert dead[0].headers[REASON_HEADER] == "invalid_json"
+    assert fake_apns.requests_for(IOS.token) == []
+    assert fake_fcm.requests == []
+    assert await ledger(pruned) == [(IOS_2.token, "sent", 1)]
