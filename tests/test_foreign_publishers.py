@@ -29,12 +29,13 @@ import amqp.exceptions
 import kombu
 import pika
 import pika.exceptions
+import pytest
 
 from consumers import REASON_HEADER
 from dedupe import DbConnection
 from proving.deadlines import ANSWER_S, within
 from tests.conftest import AMQP_URL, Spawn
-from tests.support import WorkerProcess, drain_dead_letters, wait_declared, wait_for
+from tests.support import ROOT, WorkerProcess, drain_dead_letters, wait_declared, wait_for
 
 OUTCOMES = ("effect_committed", "duplicate_ignored", "dead_lettered", "retry_scheduled")
 
@@ -268,3 +269,33 @@ async def test_real_transforms_stay_refused_with_their_reason(
     assert reasons == dict.fromkeys(ids, "unsupported_content_encoding")
     assert await effects_by_id(db) == {}
     assert await claims(db) == 0
+
+
+GUIDE = ROOT / "docs" / "other-clients.md"
+
+
+def guide_snippet(section: str) -> str:
+    """The first ```python block under `## {section}` in docs/other-clients.md."""
+    text = GUIDE.read_text()
+    start = text.index(f"\n## {section}\n")
+    block = text.index("```python\n", start) + len("```python\n")
+    return text[block : text.index("\n```", block)]
+
+
+@pytest.mark.parametrize("client", ["pika", "kombu"])
+async def test_the_guides_snippets_publish_a_job_of_the_contract(
+    channel: aio_pika.abc.AbstractChannel, queue_name: str, client: str
+) -> None:
+    """docs/other-clients.md's pika and kombu examples, run as printed (the queue
+    renamed): each publishes one job, confirmed, with the contract's properties."""
+    await channel.declare_queue(queue_name, durable=True, arguments={"x-queue-type": "quorum"})
+    code = guide_snippet(client).replace('"orders.shipped"', repr(queue_name))
+    assert repr(queue_name) in code
+    await within(ANSWER_S, f"the guide's {client} snippet", asyncio.to_thread(exec, code, {}))
+    queue = await channel.get_queue(queue_name)
+    message = await queue.get(no_ack=True, timeout=ANSWER_S)
+    assert message.message_id == "order-1042-shipped"
+    assert message.content_type == "application/json"
+    assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+    assert (message.headers or {}).get("x-tenant") == "acme"
+    assert json.loads(message.body) == {"order_id": 1042}
