@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -510,3 +511,51 @@ async def test_a_job_whose_text_holds_a_lone_surrogate_is_dead_lettered_and_send
     assert fake_apns.requests_for(IOS.token) == []
     assert fake_fcm.requests == []
     assert await ledger(pruned) == [(IOS_2.token, "sent", 1)]
+
+
+async def test_an_answer_to_a_lease_taken_over_meanwhile_is_not_recorded_and_prunes_nothing(
+    harness: Harness,
+    pruned: DbConnection,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+) -> None:
+    """Another worker takes one target's lease over while APNs holds its answer
+    (Unregistered): that answer is the other worker's to record. Ours is logged
+    with `recorded: false`, the row keeps the other worker's lease, and the dead
+    token is not pruned by us; the job's other target, still ours, is recorded."""
+    answer_now = asyncio.Event()
+    fake_apns.script(IOS.token, status=410, reason="Unregistered", until=answer_now, times=1)
+
+    async def both_asked() -> bool:
+        return bool(fake_apns.requests_for(IOS.token) and fake_apns.requests_for(IOS_2.token))
+
+    def answer_lines() -> dict[str, MutableMapping[str, Any]]:
+        return {
+            str(e["event"]): e for e in harness.logs if e["event"] in ("push_sent", "invalid_token")
+        }
+
+    async def both_logged() -> bool:
+        return len(answer_lines()) == 2
+
+    async with harness.run(push_app(harness.queue, fake_apns, fake_fcm)):
+        await harness.publish(job(IOS, IOS_2), message_id="taken-over")
+        await wait_for(both_asked, timeout=30)
+        taken = await pruned.execute(
+            "UPDATE outbound_sends SET lease_owner = 'another-worker',"
+            " lease_expires_at = now() + interval '1 hour' WHERE token = $1",
+            IOS.token,
+        )
+        assert taken == "UPDATE 1"
+        answer_now.set()
+        await wait_for(both_logged, timeout=30)
+    lines = answer_lines()
+    assert lines["invalid_token"]["recorded"] is False
+    assert lines["push_sent"]["recorded"] is True
+    rows = await pruned.fetch(
+        "SELECT token, status, lease_owner FROM outbound_sends ORDER BY target_index"
+    )
+    assert [tuple(r) for r in rows] == [
+        (IOS.token, "sending", "another-worker"),
+        (IOS_2.token, "sent", None),
+    ]
+    assert await pruned.fetchval("SELECT count(*) FROM pruned_devices") == 0
