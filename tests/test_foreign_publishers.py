@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import time
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import aio_pika
 import amqp.exceptions
@@ -48,8 +50,27 @@ class PikaJob:
     content_encoding: str | None = None
 
 
-# How often one message is published again after a nack before the test gives up.
-NACK_TRIES = 20
+# Between a nack and the next publish of the same message.
+NACK_PAUSE_S = 0.1
+
+
+def until_confirmed(publish: Callable[[], None], nacked: type[Exception], what: str) -> None:
+    """`publish()` until the broker confirms it, at most ANSWER_S seconds.
+
+    A nack says the broker did not take the message (RabbitMQ's quorum queue
+    refuses a channel's first publish while it cannot register the publisher),
+    so it is published again, as `tests.support.publish_confirmed` does.
+    """
+    deadline = time.monotonic() + ANSWER_S
+    while True:
+        try:
+            publish()
+            return
+        except nacked:
+            print(f"{what} nacked; again")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} nacked for {ANSWER_S} s") from None
+            time.sleep(NACK_PAUSE_S)
 
 
 def pika_publish(queue: str, jobs: Sequence[PikaJob], *, times: int = 2) -> None:
@@ -66,16 +87,18 @@ def pika_publish(queue: str, jobs: Sequence[PikaJob], *, times: int = 2) -> None
                     content_encoding=job.content_encoding,
                     delivery_mode=pika.DeliveryMode.Persistent,
                 )
-                for _ in range(NACK_TRIES):
-                    try:
-                        channel.basic_publish(
-                            "", queue, job.body, properties=properties, mandatory=True
-                        )
-                        break
-                    except pika.exceptions.NackError:
-                        print(f"pika_publish: {job.message_id!r} nacked; again")
-                else:
-                    raise AssertionError(f"{job.message_id!r} nacked {NACK_TRIES} times")
+                until_confirmed(
+                    partial(
+                        channel.basic_publish,
+                        "",
+                        queue,
+                        job.body,
+                        properties=properties,
+                        mandatory=True,
+                    ),
+                    pika.exceptions.NackError,
+                    f"pika's publish of {job.message_id!r}",
+                )
     finally:
         connection.close()
 
@@ -93,23 +116,21 @@ def kombu_publish(
         producer = connection.Producer(serializer="json")
         for _ in range(times):
             for message_id, body in bodies.items():
-                for _ in range(NACK_TRIES):
-                    try:
-                        producer.publish(
-                            body,
-                            exchange="",
-                            routing_key=queue,
-                            message_id=message_id,
-                            delivery_mode=2,
-                            compression=compression,
-                            retry=True,
-                            timeout=ANSWER_S,  # the confirm's, too
-                        )
-                        break
-                    except amqp.exceptions.MessageNacked:
-                        print(f"kombu_publish: {message_id!r} nacked; again")
-                else:
-                    raise AssertionError(f"{message_id!r} nacked {NACK_TRIES} times")
+                until_confirmed(
+                    partial(
+                        producer.publish,
+                        body,
+                        exchange="",
+                        routing_key=queue,
+                        message_id=message_id,
+                        delivery_mode=2,
+                        compression=compression,
+                        retry=True,
+                        timeout=ANSWER_S,  # the confirm's, too
+                    ),
+                    amqp.exceptions.MessageNacked,
+                    f"kombu's publish of {message_id!r}",
+                )
 
 
 async def by_pika(queue: str, jobs: Sequence[PikaJob], *, times: int = 2) -> None:
