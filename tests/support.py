@@ -224,19 +224,26 @@ async def publish_confirmed(
                 await asyncio.sleep(0.1)
 
 
+async def queue_counts(url: str, queue: str) -> tuple[int, int] | None:
+    """`queue`'s (ready messages, consumers), as a passive declare on a connection of
+    its own reads them; None if the queue does not exist."""
+    connection = await aio_pika.connect(url, timeout=ANSWER_S)
+    try:
+        channel = await within(ANSWER_S, "a channel to the broker", connection.channel())
+        declared = await channel.declare_queue(queue, passive=True, timeout=ANSWER_S)
+        result = declared.declaration_result
+        return result.message_count or 0, result.consumer_count or 0
+    except aio_pika.exceptions.ChannelClosed:
+        return None
+    finally:
+        await connection.close()
+
+
 async def wait_declared(url: str, queue: str) -> None:
     """Wait until a worker process has declared `queue` (its topology is up)."""
 
     async def declared() -> bool:
-        connection = await aio_pika.connect(url, timeout=ANSWER_S)
-        try:
-            channel = await within(ANSWER_S, "a channel to the broker", connection.channel())
-            await channel.declare_queue(queue, passive=True, timeout=ANSWER_S)
-            return True
-        except aio_pika.exceptions.ChannelClosed:
-            return False
-        finally:
-            await connection.close()
+        return await queue_counts(url, queue) is not None
 
     await wait_for(declared, timeout=30)
 
@@ -245,15 +252,8 @@ async def wait_consumers(url: str, queue: str, n: int, *, timeout: float = 30.0)
     """Wait until `queue` has at least `n` consumers (every worker is consuming)."""
 
     async def consuming() -> bool:
-        connection = await aio_pika.connect(url, timeout=ANSWER_S)
-        try:
-            channel = await within(ANSWER_S, "a channel to the broker", connection.channel())
-            declared = await channel.declare_queue(queue, passive=True, timeout=ANSWER_S)
-            return (declared.declaration_result.consumer_count or 0) >= n
-        except aio_pika.exceptions.ChannelClosed:
-            return False
-        finally:
-            await connection.close()
+        counts = await queue_counts(url, queue)
+        return counts is not None and counts[1] >= n
 
     await wait_for(consuming, timeout=timeout)
 
@@ -319,10 +319,7 @@ def close_broker_connections(name: str) -> int:
 
 async def no_message_ready(url: str, queue: str) -> bool:
     """Whether `queue` has no message waiting: each is acked or in a consumer's hands."""
-    connection = await aio_pika.connect(url, timeout=ANSWER_S)
-    try:
-        channel = await within(ANSWER_S, "a channel to the broker", connection.channel())
-        declared = await channel.declare_queue(queue, passive=True, timeout=ANSWER_S)
-        return declared.declaration_result.message_count == 0
-    finally:
-        await connection.close()
+    counts = await queue_counts(url, queue)
+    if counts is None:
+        raise AssertionError(f"{queue} does not exist")
+    return counts[0] == 0

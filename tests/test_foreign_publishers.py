@@ -37,7 +37,14 @@ from consumers import REASON_HEADER
 from dedupe import DbConnection
 from proving.deadlines import ANSWER_S, within
 from tests.conftest import AMQP_URL, Spawn
-from tests.support import ROOT, WorkerProcess, drain_dead_letters, wait_declared, wait_for
+from tests.support import (
+    ROOT,
+    WorkerProcess,
+    drain_dead_letters,
+    queue_counts,
+    wait_declared,
+    wait_for,
+)
 
 OUTCOMES = ("effect_committed", "duplicate_ignored", "dead_lettered", "retry_scheduled")
 
@@ -179,24 +186,12 @@ async def wait_outcomes(worker: WorkerProcess, n: int, queue: str) -> Counter[tu
     try:
         await wait_for(logged, timeout=60)
     except AssertionError as late:
-        held = await queue_state(queue)
+        counts = await queue_counts(AMQP_URL, queue)
         raise AssertionError(
             f"{late}: {n} outcome lines awaited, {sorted(outcomes(worker).items())} logged;"
-            f" {queue} holds {held}"
+            f" {queue} (ready, consumers): {counts}"
         ) from None
     return outcomes(worker)
-
-
-async def queue_state(queue: str) -> str:
-    """`queue`'s ready messages and consumers, as a passive declare reads them."""
-    connection = await aio_pika.connect(AMQP_URL, timeout=ANSWER_S)
-    try:
-        channel = await within(ANSWER_S, "a channel to the broker", connection.channel())
-        declared = await channel.declare_queue(queue, passive=True, timeout=ANSWER_S)
-        result = declared.declaration_result
-        return f"{result.message_count} ready, {result.consumer_count} consumers"
-    finally:
-        await connection.close()
 
 
 def body(n: int) -> bytes:
