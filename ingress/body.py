@@ -12,7 +12,8 @@
                   worker attempts, never dead-letters as invalid
 
 A 413 closes the connection (`Connection: close`), so the rest of an
-oversized body is not read either.
+oversized body is not read either. A client gone before its body was whole
+ends the request as `CLIENT_GONE`, answered to nobody.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from typing import Any
 import orjson
 from fastapi import Request
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from consumers import InvalidPushJob, parse_push_job
 from consumers.push.job import MAX_AUDIENCE, apns_payload_problem
 from ingress.models import SendRequest
-from ingress.refusals import Refusal, field_name, invalid
+from ingress.refusals import CLIENT_GONE, Refusal, field_name, invalid
 
 
 def too_large(limit: int) -> Refusal:
@@ -42,11 +44,14 @@ async def read_body(request: Request, limit: int) -> bytes:
     if length is not None and length.isdigit() and int(length) > limit:
         raise too_large(limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise CLIENT_GONE from None
     return b"".join(chunks)
 
 

@@ -1,19 +1,28 @@
-"""uvicorn's httptools protocol with the two limits uvicorn lacks: header bytes and header time.
+"""uvicorn's httptools protocol with the limits uvicorn lacks: header bytes, header time, body pace.
 
-What uvicorn 0.54 does with a request's head (read in its source,
+What uvicorn 0.54 does with a request (read in its source,
 `uvicorn/protocols/http/httptools_impl.py`):
-- no limit on its size: httptools gathers a header line of any length
+- no limit on a head's size: httptools gathers a header line of any length
   (a 32 MB line was accepted and held in memory); only the h11 protocol has
   one (`h11_max_incomplete_event_size`), and h11 is the slower parser;
-- no deadline for it: `timeout_keep_alive` is armed only after a response
-  and is cancelled by any byte that arrives, so a client sending one byte
-  every few seconds holds a connection forever.
+- no deadline for a head or a body: `timeout_keep_alive` is armed only after
+  a response and is cancelled by any byte that arrives, so a client sending
+  one byte every few seconds, or announcing a body and never sending it,
+  holds a connection and its request's task forever.
 
-`GuardedHttpTools` keeps httptools and adds both: past `max_header_bytes`
-before the head is complete, 431 and the connection closed; a head not
-complete `header_timeout_seconds` after the connection opened (or after the
-last response on it), 408 and closed. Nothing changes once a head is
-complete: the body's limit is the send route's (`ingress.body`).
+`GuardedHttpTools` keeps httptools and adds them:
+- past `max_header_bytes` before the head is complete, 431 and the
+  connection closed;
+- a head not complete `header_timeout_seconds` after the connection opened
+  (or after the last response on it), 408 and closed;
+- a body not complete by `body_timeout_seconds` after its head, plus one
+  second for every `body_min_rate` bytes of it that came (Apache's
+  mod_reqtimeout `body=...,MinRate=...`): 408 and closed, or only closed if
+  the request was answered already. Time the server itself keeps the client
+  waiting (reading paused while the app has not taken what came, or a
+  `100 Continue` not yet sent) is not counted against it.
+
+The body's size limit is the send route's (`ingress.body`).
 """
 
 from __future__ import annotations
@@ -27,9 +36,11 @@ from uvicorn.server import ServerState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HeadLimits:
+class WireLimits:
     max_header_bytes: int = 32_768  # the request line and every header, together
     header_timeout_seconds: float = 10.0  # from the connection (or last answer) to a whole head
+    body_timeout_seconds: float = 30.0  # from a whole head to a whole body, at the least
+    body_min_rate: float = 500.0  # bytes a second: each that many of the body adds a second
 
 
 def _answer(status: bytes) -> bytes:
@@ -41,17 +52,17 @@ TOO_LARGE = _answer(b"431 Request Header Fields Too Large")
 TOO_SLOW = _answer(b"408 Request Timeout")
 
 
-def guarded(limits: HeadLimits) -> type[asyncio.Protocol]:
+def guarded(limits: WireLimits) -> type[asyncio.Protocol]:
     """The protocol class to give uvicorn (`Config(http=...)`), with `limits`."""
 
     class _Guarded(GuardedHttpTools):
-        head_limits = limits
+        wire_limits = limits
 
     return _Guarded
 
 
 class GuardedHttpTools(HttpToolsProtocol):
-    head_limits = HeadLimits()
+    wire_limits = WireLimits()
 
     def __init__(
         self,
@@ -65,6 +76,11 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
         self._refused = False
+        # The body being read: since when its pace is counted, how much came since.
+        self._in_body = False
+        self._body_since = 0.0
+        self._body_bytes = 0
+        self._body_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[arg-type]
@@ -72,6 +88,7 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_body()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -82,7 +99,7 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().data_received(data)
         if (
             self._in_head
-            and self._head_bytes > self.head_limits.max_header_bytes
+            and self._head_bytes > self.wire_limits.max_header_bytes
             and not self.transport.is_closing()
         ):
             self._refuse(TOO_LARGE)
@@ -91,8 +108,17 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._in_head, self._head_bytes = False, 0
         self._disarm()
         super().on_headers_complete()
+        # A request without a body completes in the same feed, which disarms this.
+        self._in_body = True
+        self._restart_body_clock()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._in_body = False
+        self._disarm_body()
         super().on_message_complete()
         self._in_head, self._head_bytes = True, 0  # what comes next is the next head
 
@@ -104,7 +130,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     def _arm(self) -> None:
         self._disarm()
         self._head_timer = self.loop.call_later(
-            self.head_limits.header_timeout_seconds, self._too_slow
+            self.wire_limits.header_timeout_seconds, self._too_slow
         )
 
     def _disarm(self) -> None:
@@ -117,10 +143,42 @@ class GuardedHttpTools(HttpToolsProtocol):
         if self._in_head and not self.transport.is_closing():
             self._refuse(TOO_SLOW if self._head_bytes else b"")
 
+    def _restart_body_clock(self) -> None:
+        self._disarm_body()
+        self._body_since, self._body_bytes = self.loop.time(), 0
+        self._body_timer = self.loop.call_later(
+            self.wire_limits.body_timeout_seconds, self._body_due
+        )
+
+    def _disarm_body(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_due(self) -> None:
+        """The body's deadline as it stood when armed: moved by what came since, or passed."""
+        self._body_timer = None
+        if not self._in_body or self._refused or self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if self.flow.read_paused or (cycle is not None and cycle.waiting_for_100_continue):
+            self._restart_body_clock()  # the wait is the server's: the client starts afresh
+            return
+        limits = self.wire_limits
+        due = self._body_since + limits.body_timeout_seconds
+        due += self._body_bytes / limits.body_min_rate
+        left = due - self.loop.time()
+        if left > 0:
+            self._body_timer = self.loop.call_later(left, self._body_due)
+            return
+        answered = cycle is not None and cycle.response_started
+        self._refuse(b"" if answered else TOO_SLOW)
+
     def _refuse(self, answer: bytes) -> None:
         """Answer, then close gently: a close with the client's bytes unread would reset the
         connection, and a reset can destroy the answer before the client reads it."""
         self._disarm()
+        self._disarm_body()
         self._refused = True
         if answer:
             self.transport.write(answer)

@@ -26,7 +26,7 @@ from consumers.runtime.listening import BACKLOG, listening_socket
 from consumers.telemetry.failed_start import START_FAILURES, start_failed
 from ingress.api import create_app
 from ingress.key_commands import api_key_main
-from ingress.protocol import HeadLimits, guarded
+from ingress.protocol import WireLimits, guarded
 from ingress.settings import IngressSettings
 
 log = structlog.get_logger(__name__)
@@ -42,7 +42,10 @@ def serve_main(argv: Sequence[str], settings: Settings) -> int:
 def serve_settings(argv: Sequence[str], prog: str = "idempotent-workers serve") -> IngressSettings:
     """The flags of `serve`, over the IW_INGRESS_* variables (the flags win)."""
     parser = argparse.ArgumentParser(prog=prog)
-    base = IngressSettings.from_env(os.environ)
+    try:
+        base = IngressSettings.from_env(os.environ)
+    except ValueError as exc:  # a variable that is no number, or out of range
+        parser.error(f"IW_INGRESS_* variables: {exc}")
     parser.add_argument("--host", default=base.host)
     parser.add_argument("--port", type=int, default=base.port, help="0: any free port")
     parser.add_argument("--queue", default=base.queue, help="the push queue jobs go to")
@@ -98,10 +101,12 @@ async def serve(ingress: IngressSettings, app: FastAPI) -> int:
 def server_config(
     app: FastAPI, ingress: IngressSettings, *, lifespan: LifespanType = "auto"
 ) -> uvicorn.Config:
-    """uvicorn on httptools, with the head limits uvicorn lacks (`ingress.protocol`)."""
-    limits = HeadLimits(
+    """uvicorn on httptools, with the head and body limits uvicorn lacks (`ingress.protocol`)."""
+    limits = WireLimits(
         max_header_bytes=ingress.max_header_bytes,
         header_timeout_seconds=ingress.header_timeout_seconds,
+        body_timeout_seconds=ingress.body_timeout_seconds,
+        body_min_rate=ingress.body_min_rate,
     )
     return uvicorn.Config(
         app,

@@ -27,6 +27,15 @@ class IngressSettings:
     max_request_bytes: int = MAX_REQUEST_BYTES
     max_header_bytes: int = 32_768  # a longer head (request line and headers) is 431
     header_timeout_seconds: float = 10.0  # a head not whole by then is 408 (ingress.protocol)
+    # A body not whole by this long after its head, plus a second for every
+    # `body_min_rate` bytes of it that came, is 408 (ingress.protocol)
+    body_timeout_seconds: float = 30.0
+    body_min_rate: float = 500.0  # bytes a second
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout_seconds", "body_timeout_seconds", "body_min_rate"):
+            if not getattr(self, name) > 0:  # NaN too
+                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> IngressSettings:
@@ -43,4 +52,6 @@ class IngressSettings:
             bad_key_seconds=float(env.get("IW_INGRESS_BAD_KEY_SECONDS", "5")),
             max_header_bytes=int(env.get("IW_INGRESS_MAX_HEADER_BYTES", "32768")),
             header_timeout_seconds=float(env.get("IW_INGRESS_HEADER_TIMEOUT", "10")),
+            body_timeout_seconds=float(env.get("IW_INGRESS_BODY_TIMEOUT", "30")),
+            body_min_rate=float(env.get("IW_INGRESS_BODY_MIN_RATE", "500")),
         )

@@ -25,6 +25,7 @@ class Served:
     key: str  # tenant "acme"
     other_key: str  # tenant "globex"
     queue: str
+    requests: set[asyncio.Task[None]]  # the server's requests in progress (uvicorn's own set)
 
 
 @asynccontextmanager
@@ -45,7 +46,13 @@ async def serve_in_process(
             if task.done():
                 task.result()  # a failed start raises here
             await asyncio.sleep(0.02)
-        yield Served(url=f"http://127.0.0.1:{port}", key=key, other_key=other, queue=settings.queue)
+        yield Served(
+            url=f"http://127.0.0.1:{port}",
+            key=key,
+            other_key=other,
+            queue=settings.queue,
+            requests=server.server_state.tasks,
+        )
     finally:
         server.should_exit = True
         await within(ANSWER_S, "the send API server to exit", task)

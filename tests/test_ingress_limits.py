@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -19,6 +20,8 @@ import uvicorn
 from consumers import Settings
 from dedupe import DbConnection
 from ingress.api import create_app
+from ingress.protocol import LINGER_SECONDS
+from ingress.serve import serve_settings
 from ingress.settings import IngressSettings
 from tests.ingress_support import Served, serve_in_process
 
@@ -27,6 +30,8 @@ LIMITS = IngressSettings(
     max_request_bytes=2 * 1_048_576,
     max_header_bytes=8192,
     header_timeout_seconds=1.0,
+    body_timeout_seconds=1.0,
+    body_min_rate=100.0,
 )
 ANSWER_S = 10.0  # a refusal that reads nothing comes at once; this bounds a busy machine
 
@@ -225,3 +230,141 @@ async def test_uvicorn_alone_has_no_head_limit_which_is_why_serve_adds_one(
         await task
         sock.close()
     assert status == 401  # the whole head was read and handed to the app
+
+
+async def test_a_body_that_stalls_is_408_and_the_connection_closed(served: Served) -> None:
+    """A head announcing 1,000 bytes, 10 of them sent, then nothing: uvicorn waits for ever."""
+    loop = asyncio.get_running_loop()
+    reader, writer = await connect(served.url)
+    writer.write(post_head(served, "Content-Length: 1000\r\n") + b'{"targets"')
+    await writer.drain()
+    sent = loop.time()  # the server's clock starts later: with the whole head
+    status, answer = await answer_of(reader)
+    took = loop.time() - sent
+    writer.close()
+    assert status == 408, answer
+    assert took < LIMITS.body_timeout_seconds + 10 / LIMITS.body_min_rate + ANSWER_S
+
+
+async def test_a_body_that_trickles_below_the_minimum_rate_is_408(served: Served) -> None:
+    """One byte every tenth of the timeout: each byte moves the deadline by 10 ms only."""
+    loop = asyncio.get_running_loop()
+    raw = job_of_size(1000)
+    reader, writer = await connect(served.url)
+    writer.write(post_head(served, f"Content-Length: {len(raw)}\r\n"))
+    await writer.drain()
+    started = loop.time()
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError):
+            for byte in raw:
+                writer.write(bytes([byte]))
+                await asyncio.sleep(LIMITS.body_timeout_seconds / 10)
+
+    sending = asyncio.create_task(trickle())
+    try:
+        status, answer = await answer_of(reader)
+    finally:
+        sending.cancel()
+    took = loop.time() - started
+    writer.close()
+    assert status == 408, answer
+    # Every byte of the job would have taken 100 s; the deadline came after about 1 s.
+    assert LIMITS.body_timeout_seconds <= took < 2 * LIMITS.body_timeout_seconds + ANSWER_S
+
+
+async def test_a_body_at_a_fair_pace_is_read_whole_however_long_it_takes(
+    served: Served, db: DbConnection
+) -> None:
+    """3,500 bytes at about 1,000 a second (the minimum is 100): 3.5 times the timeout."""
+    raw = job_of_size(3500)
+    reader, writer = await connect(served.url)
+    writer.write(post_head(served, f"Content-Length: {len(raw)}\r\n"))
+    for start in range(0, len(raw), 100):
+        writer.write(raw[start : start + 100])
+        await writer.drain()
+        await asyncio.sleep(0.1)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), ANSWER_S)
+    writer.close()
+    assert int(head[9:12]) == 202, head
+    assert await db.fetchval("SELECT count(*) FROM outbox") == 1
+
+
+async def test_a_body_that_trickles_after_its_answer_is_closed_without_a_second_one(
+    served: Served,
+) -> None:
+    """A wrong key is refused (401) before the body is read; the body then trickles on.
+
+    uvicorn's keep-alive timer, armed by the answer, is cancelled by every byte."""
+    loop = asyncio.get_running_loop()
+    reader, writer = await connect(served.url)
+    writer.write(
+        b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer wrong\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    )
+    await writer.drain()
+    started = loop.time()
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError):
+            for _ in range(1000):
+                writer.write(b" ")
+                await asyncio.sleep(LIMITS.body_timeout_seconds / 10)
+
+    sending = asyncio.create_task(trickle())
+    try:
+        status, answer = await answer_of(reader)  # ends only once the server closed
+    finally:
+        sending.cancel()
+    took = loop.time() - started
+    writer.close()
+    assert status == 401, answer
+    assert answer.count(b"HTTP/1.1 ") == 1, answer
+    assert took < 2 * LIMITS.body_timeout_seconds + ANSWER_S
+
+
+async def test_a_client_gone_before_its_body_ends_its_request_without_an_error_logged(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Hung up mid-body, or closed by the body's deadline: a request, not a server error."""
+    loop = asyncio.get_running_loop()
+    caplog.set_level(logging.WARNING)
+    for hangs_up in (True, False):
+        reader, writer = await connect(served.url)
+        writer.write(post_head(served, "Content-Length: 1000\r\n") + b'{"targets"')
+        await writer.drain()
+        if not hangs_up:
+            status, _ = await answer_of(reader)  # the deadline's 408
+            assert status == 408
+        writer.close()
+        deadline = loop.time() + LINGER_SECONDS + ANSWER_S
+        while served.requests:  # the request's task, until it ends
+            assert loop.time() < deadline, "the request never ended"
+            await asyncio.sleep(0.02)
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not errors, [r.getMessage() for r in errors]
+
+
+def test_the_body_pace_is_read_from_the_environment() -> None:
+    env = {"IW_INGRESS_BODY_TIMEOUT": "12.5", "IW_INGRESS_BODY_MIN_RATE": "2048"}
+    ingress = IngressSettings.from_env(env)
+    assert (ingress.body_timeout_seconds, ingress.body_min_rate) == (12.5, 2048.0)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"IW_INGRESS_BODY_MIN_RATE": "0"},
+        {"IW_INGRESS_BODY_TIMEOUT": "nan"},
+        {"IW_INGRESS_HEADER_TIMEOUT": "-1"},
+    ],
+)
+def test_a_pace_that_could_never_be_kept_or_checked_is_refused_at_start(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        serve_settings([])
+    assert exited.value.code == 2
+    assert "must be a positive number" in capsys.readouterr().err
