@@ -4,7 +4,9 @@ The token goes in a cookie (HttpOnly, SameSite=Strict: no other site's page
 can send it along) or, for scripts, an `Authorization: Bearer` header. Every
 request looks it up by its hash, so a revoked token stops working at once.
 A page asked for without one is sent to /login; a button pressed without
-the operator role is refused (403) and nothing is done.
+the operator role is refused (403) and nothing is done. A form is read up to
+FORM_MAX_BYTES (413 past it, before the rest is read): /login reads one
+before anyone is signed in.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import urllib.parse
 
 from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
+from starlette.requests import ClientDisconnect
 
 from console.state import SECURITY_HEADERS, Console
 from console.tokens import Operator
@@ -42,9 +45,36 @@ async def operator_of(console: Console, request: Request) -> Operator:
     return found
 
 
+# The console's forms hold a token, an intent key and a few filters: a few KiB.
+FORM_MAX_BYTES = 65_536
+
+
+class FormTooLarge(Exception):
+    """A form past FORM_MAX_BYTES: refused before what is past it is read."""
+
+
+class ClientGone(Exception):
+    """The client went before its form was whole: nobody reads the answer."""
+
+
 async def form_of(request: Request) -> dict[str, str]:
-    """An urlencoded form's fields (the last of a repeated one)."""
-    body = (await request.body()).decode("utf-8", "replace")
+    """An urlencoded form's fields (the last of a repeated one), at most FORM_MAX_BYTES.
+
+    /login reads one before anyone is signed in, so its size is checked first:
+    from Content-Length before a byte is read, and as a chunked body comes."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > FORM_MAX_BYTES:
+        raise FormTooLarge
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > FORM_MAX_BYTES:
+                raise FormTooLarge
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone from None
+    body = b"".join(chunks).decode("utf-8", "replace")
     return dict(urllib.parse.parse_qsl(body, keep_blank_values=True))
 
 
@@ -54,6 +84,22 @@ def install(app: FastAPI, console: Console) -> None:
         if request.method == "GET":
             return RedirectResponse("/login", status_code=303)
         return console.page(request, "error.html", 401, title="Not signed in", text="Sign in.")
+
+    @app.exception_handler(FormTooLarge)
+    async def form_too_large(request: Request, exc: FormTooLarge) -> Response:
+        answer = console.page(
+            request,
+            "error.html",
+            413,
+            title="Form too large",
+            text=f"A form of the console holds at most {FORM_MAX_BYTES:,} bytes. Nothing was done.",
+        )
+        answer.headers["Connection"] = "close"  # the rest of the body is not read
+        return answer
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nginx's name; nobody reads it
 
     @app.exception_handler(NotAllowed)
     async def not_allowed(request: Request, exc: NotAllowed) -> Response:

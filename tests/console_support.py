@@ -19,8 +19,10 @@ import aio_pika
 import uvicorn
 
 from console import ConsoleSettings, Role, Tokens, create_app
+from console.serve import server_config
 from consumers import Settings, dead_letter_queue
 from dedupe import DbConnection
+from proving.deadlines import ANSWER_S, within
 from tests.support import ROOT, publish_confirmed, wait_for
 
 
@@ -31,7 +33,7 @@ async def console_in_process(settings: Settings, queue: str) -> AsyncIterator[st
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, access_log=False, log_config=None, lifespan="on"))
+    server = uvicorn.Server(server_config(app, lifespan="on"))  # the console's own
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:
@@ -41,7 +43,7 @@ async def console_in_process(settings: Settings, queue: str) -> AsyncIterator[st
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        await task
+        await within(ANSWER_S, "the console server to exit", task)
         sock.close()
 
 

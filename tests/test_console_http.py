@@ -140,6 +140,43 @@ async def test_a_page_without_a_live_token_asks_to_sign_in(
         assert (await http.get("/actions")).headers["location"] == "/login"
 
 
+async def test_a_form_past_its_limit_is_413_before_its_body_is_read(
+    db: DbConnection, schema: str, settings: Settings, queue_name: str
+) -> None:
+    """/login reads its form before anyone is signed in: 100 MB announced, or streamed."""
+    async with console_in_process(settings, queue_name) as url:
+        port = int(url.rsplit(":", 1)[1])
+        head = (
+            "POST /login HTTP/1.1\r\nHost: t\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        )
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"{head}Content-Length: 100000000\r\n\r\ntoken=".encode())
+        announced = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), ANSWER_S)
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"{head}Transfer-Encoding: chunked\r\n\r\n".encode())
+        piece = b"a" * 65536
+        sent = 0
+
+        async def pieces() -> None:
+            nonlocal sent
+            with contextlib.suppress(ConnectionError):
+                for _ in range(1600):  # 100 MiB, unless the answer comes first
+                    writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                    await writer.drain()
+                    sent += len(piece)
+
+        sending = asyncio.create_task(pieces())
+        try:
+            streamed = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), ANSWER_S)
+        finally:
+            sending.cancel()
+            writer.close()
+    assert int(announced[9:12]) == 413, announced
+    assert int(streamed[9:12]) == 413, streamed
+    assert sent < 1600 * len(piece)
+
+
 async def test_the_console_command_serves_this_machine_only_with_a_token_the_cli_made(
     db: DbConnection, schema: str, queue_name: str, tmp_path: Path
 ) -> None:
