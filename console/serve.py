@@ -21,6 +21,7 @@ from uvicorn.config import LifespanType
 from console.app import create_app
 from console.settings import ConsoleSettings
 from console.tokens import Role, Tokens
+from consumers.runtime.http_limits import WireLimits, guarded
 from consumers.runtime.listening import listening_socket
 from consumers.settings import Settings
 from dedupe import check_schema
@@ -56,9 +57,16 @@ def console_main(argv: Sequence[str], settings: Settings) -> int:
 
 
 def server_config(app: FastAPI, *, lifespan: LifespanType = "auto") -> uvicorn.Config:
-    """uvicorn as `console` runs it: no access log, 5 s for requests in flight at a stop."""
+    """uvicorn as `console` runs it: on httptools with the send API's head and body
+    deadlines (`consumers.runtime.http_limits`, at their defaults), no access log, 5 s
+    for requests in flight at a stop."""
     return uvicorn.Config(
-        app, lifespan=lifespan, access_log=False, log_config=None, timeout_graceful_shutdown=5
+        app,
+        http=guarded(WireLimits()),
+        lifespan=lifespan,
+        access_log=False,
+        log_config=None,
+        timeout_graceful_shutdown=5,
     )
 
 

@@ -58,9 +58,9 @@ def invalid(*details: tuple[str, str]) -> Refusal:
 
 UNAUTHORIZED = Refusal(401, {"error": "unauthorized"}, {"WWW-Authenticate": "Bearer"})
 NOT_FOUND = Refusal(404, {"error": "not_found"})
-# The client went before its body was whole (it hung up, or `ingress.protocol` closed it
-# for its pace): nobody reads this answer, but the request ends as a refusal, not a
-# traceback in the server's log. 499 is nginx's name for it.
+# The client went before its body was whole (it hung up, or was closed for its pace by
+# `consumers.runtime.http_limits`): nobody reads this answer, but the request ends as a
+# refusal, not a traceback in the server's log. 499 is nginx's name for it.
 CLIENT_GONE = Refusal(499, {"error": "client_closed_request"})
 
 

@@ -22,11 +22,11 @@ from fastapi import FastAPI
 from uvicorn.config import LifespanType
 
 from consumers import Settings
+from consumers.runtime.http_limits import WireLimits, guarded
 from consumers.runtime.listening import BACKLOG, listening_socket
 from consumers.telemetry.failed_start import START_FAILURES, start_failed
 from ingress.api import create_app
 from ingress.key_commands import api_key_main
-from ingress.protocol import WireLimits, guarded
 from ingress.settings import IngressSettings
 
 log = structlog.get_logger(__name__)
@@ -101,7 +101,8 @@ async def serve(ingress: IngressSettings, app: FastAPI) -> int:
 def server_config(
     app: FastAPI, ingress: IngressSettings, *, lifespan: LifespanType = "auto"
 ) -> uvicorn.Config:
-    """uvicorn on httptools, with the head and body limits uvicorn lacks (`ingress.protocol`)."""
+    """uvicorn on httptools, with the head and body limits uvicorn lacks
+    (`consumers.runtime.http_limits`)."""
     limits = WireLimits(
         max_header_bytes=ingress.max_header_bytes,
         header_timeout_seconds=ingress.header_timeout_seconds,

@@ -26,9 +26,11 @@ class IngressSettings:
     # A larger request is 413 before it is read: room for a send to MAX_AUDIENCE devices
     max_request_bytes: int = MAX_REQUEST_BYTES
     max_header_bytes: int = 32_768  # a longer head (request line and headers) is 431
-    header_timeout_seconds: float = 10.0  # a head not whole by then is 408 (ingress.protocol)
-    # A body not whole by this long after its head, plus a second for every
-    # `body_min_rate` bytes of it that came, is 408 (ingress.protocol)
+    # The deadlines of `consumers.runtime.http_limits`, 408 past them: a head not
+    # whole this long after the connection (or the last answer on it); a body not
+    # whole this long after its head, plus a second for every `body_min_rate` bytes
+    # of it that came.
+    header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 30.0
     body_min_rate: float = 500.0  # bytes a second
 

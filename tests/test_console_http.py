@@ -177,6 +177,21 @@ async def test_a_form_past_its_limit_is_413_before_its_body_is_read(
     assert sent < 1600 * len(piece)
 
 
+async def test_the_console_has_the_send_apis_head_limit(
+    settings: Settings, queue_name: str
+) -> None:
+    """One header line past 32 KiB: 431 and closed (`consumers.runtime.http_limits`)."""
+    async with console_in_process(settings, queue_name) as url:
+        port = int(url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /login HTTP/1.1\r\nHost: t\r\nX-Flood: " + b"a" * 40_000)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), ANSWER_S)
+        writer.close()
+    assert int(head[9:12]) == 431, head
+
+
 async def test_the_console_command_serves_this_machine_only_with_a_token_the_cli_made(
     db: DbConnection, schema: str, queue_name: str, tmp_path: Path
 ) -> None:

@@ -18,9 +18,9 @@ import pytest
 import uvicorn
 
 from consumers import Settings
+from consumers.runtime.http_limits import LINGER_SECONDS
 from dedupe import DbConnection
 from ingress.api import create_app
-from ingress.protocol import LINGER_SECONDS
 from ingress.serve import serve_settings
 from ingress.settings import IngressSettings
 from tests.ingress_support import Served, serve_in_process
@@ -208,7 +208,7 @@ async def test_uvicorn_alone_has_no_head_limit_which_is_why_serve_adds_one(
 ) -> None:
     """uvicorn's own httptools protocol reads a 1 MiB header line to the end: no 431.
 
-    If this fails, uvicorn learnt a limit, and `ingress.protocol` may go.
+    If this fails, uvicorn learnt a limit, and `consumers.runtime.http_limits` may go.
     """
     app = create_app(LIMITS, settings.database)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -1,5 +1,8 @@
 """uvicorn's httptools protocol with the limits uvicorn lacks: header bytes, header time, body pace.
 
+`serve` (the send API) and `console` both run it; nothing else in the framework
+imports it (it needs uvicorn and httptools, which their extras bring).
+
 What uvicorn 0.54 does with a request (read in its source,
 `uvicorn/protocols/http/httptools_impl.py`):
 - no limit on a head's size: httptools gathers a header line of any length
@@ -22,7 +25,7 @@ What uvicorn 0.54 does with a request (read in its source,
   waiting (reading paused while the app has not taken what came, or a
   `100 Continue` not yet sent) is not counted against it.
 
-The body's size limit is the send route's (`ingress.body`).
+A body's size limit is the route's own (`ingress.body`, `console.signin`).
 """
 
 from __future__ import annotations
