@@ -44,7 +44,8 @@ def test_leaves_do_not_import_consumers() -> None:
 # times it as it times aio-pika's), the worker's frame reader (its bench
 # times it against aiormq's), the garbage collector as `run` sets it (the
 # benches measure what `run` does), the socket `serve` and `console` listen on
-# before they print their port, the outcome lines' buffer (its bench times it
+# before they print their port and the head and body deadlines they serve
+# with, the outcome lines' buffer (its bench times it
 # against the lines held as before). Everything else comes through `consumers`'
 # public face.
 INTERNAL_IMPORTS_ALLOWED = {
@@ -56,6 +57,7 @@ INTERNAL_IMPORTS_ALLOWED = {
     "consumers.runtime.collector",
     "consumers.telemetry.failed_start",
     "consumers.runtime.listening",
+    "consumers.runtime.http_limits",
     "consumers.push.job",
     "consumers.push.parts",
     "consumers.publishing.relay",
