@@ -15,10 +15,10 @@ import urllib.parse
 
 from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
-from starlette.requests import ClientDisconnect
 
 from console.state import SECURITY_HEADERS, Console
 from console.tokens import Operator
+from consumers.runtime.http_limits import BodyTooLarge, ClientGone, read_within
 
 COOKIE = "iw_console"
 
@@ -49,32 +49,13 @@ async def operator_of(console: Console, request: Request) -> Operator:
 FORM_MAX_BYTES = 65_536
 
 
-class FormTooLarge(Exception):
-    """A form past FORM_MAX_BYTES: refused before what is past it is read."""
-
-
-class ClientGone(Exception):
-    """The client went before its form was whole: nobody reads the answer."""
-
-
 async def form_of(request: Request) -> dict[str, str]:
     """An urlencoded form's fields (the last of a repeated one), at most FORM_MAX_BYTES.
 
     /login reads one before anyone is signed in, so its size is checked first:
-    from Content-Length before a byte is read, and as a chunked body comes."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > FORM_MAX_BYTES:
-        raise FormTooLarge
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > FORM_MAX_BYTES:
-                raise FormTooLarge
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise ClientGone from None
-    body = b"".join(chunks).decode("utf-8", "replace")
+    from Content-Length before a byte is read, and as a chunked body comes
+    (`BodyTooLarge`, answered 413)."""
+    body = (await read_within(request, FORM_MAX_BYTES)).decode("utf-8", "replace")
     return dict(urllib.parse.parse_qsl(body, keep_blank_values=True))
 
 
@@ -85,8 +66,8 @@ def install(app: FastAPI, console: Console) -> None:
             return RedirectResponse("/login", status_code=303)
         return console.page(request, "error.html", 401, title="Not signed in", text="Sign in.")
 
-    @app.exception_handler(FormTooLarge)
-    async def form_too_large(request: Request, exc: FormTooLarge) -> Response:
+    @app.exception_handler(BodyTooLarge)
+    async def form_too_large(request: Request, exc: BodyTooLarge) -> Response:
         answer = console.page(
             request,
             "error.html",

@@ -26,10 +26,10 @@ from typing import Any
 import orjson
 from fastapi import Request
 from pydantic import ValidationError
-from starlette.requests import ClientDisconnect
 
 from consumers import InvalidPushJob, parse_push_job
 from consumers.push.job import MAX_AUDIENCE, apns_payload_problem
+from consumers.runtime.http_limits import BodyTooLarge, ClientGone, read_within
 from ingress.models import SendRequest
 from ingress.refusals import CLIENT_GONE, Refusal, field_name, invalid
 
@@ -40,19 +40,12 @@ def too_large(limit: int) -> Refusal:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, at most `limit` bytes; 413 past it, before reading what is past."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise too_large(limit)
-    chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large(limit)
-            chunks.append(chunk)
-    except ClientDisconnect:
+        return await read_within(request, limit)
+    except BodyTooLarge:
+        raise too_large(limit) from None
+    except ClientGone:
         raise CLIENT_GONE from None
-    return b"".join(chunks)
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

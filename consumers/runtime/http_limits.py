@@ -25,7 +25,8 @@ What uvicorn 0.54 does with a request (read in its source,
   waiting (reading paused while the app has not taken what came, or a
   `100 Continue` not yet sent) is not counted against it.
 
-A body's size limit is the route's own (`ingress.body`, `console.signin`).
+A body's size limit is the route's own (`ingress.body`, `console.signin`), read
+through `read_within`: past it before its rest is read, gone if the client went.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from starlette.requests import ClientDisconnect, Request
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
@@ -188,3 +190,33 @@ class GuardedHttpTools(HttpToolsProtocol):
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self._head_timer = self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+
+class BodyTooLarge(Exception):
+    """A request body past the route's limit: refused before what is past it is read."""
+
+
+class ClientGone(Exception):
+    """The client went before its body was whole (it hung up, or was closed for its
+    pace): nobody reads the answer, and it is no server error to log."""
+
+
+async def read_within(request: Request, limit: int) -> bytes:
+    """The whole body, at most `limit` bytes.
+
+    BodyTooLarge from Content-Length before a byte of the body is read, or once a
+    chunked body passes `limit` (so a body is never held past it); ClientGone if the
+    client went before the body was whole."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise BodyTooLarge
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone from None
+    return b"".join(chunks)
