@@ -287,6 +287,25 @@ async def test_real_transforms_stay_refused_with_their_reason(
     assert await claims(db) == 0
 
 
+async def test_a_40_mb_job_from_pika_is_dead_lettered_whole_and_the_next_job_has_its_effect(
+    db: DbConnection, queue_name: str, spawn: Spawn, channel: aio_pika.abc.AbstractChannel
+) -> None:
+    """Past the worker's body limit (IW_MAX_BODY_BYTES, 1 MiB) by 40 times, well under
+    RabbitMQ's own (128 MiB): refused as `body_too_large`, kept byte for byte in the
+    dead-letter queue, and the job behind it goes on as usual."""
+    worker = spawn()
+    await wait_declared(AMQP_URL, queue_name)
+    huge = json.dumps({"n": 1, "pad": "x" * 40_000_000}).encode()
+    jobs = [PikaJob(message_id="huge", body=huge), PikaJob(message_id="after", body=body(2))]
+    await by_pika(queue_name, jobs, times=1)
+    seen = await wait_outcomes(worker, 2, queue_name)
+    assert seen == Counter({("huge", "dead_lettered"): 1, ("after", "effect_committed"): 1})
+    dead = await drain_dead_letters(channel, queue_name)
+    assert [(d.message_id, d.headers[REASON_HEADER]) for d in dead] == [("huge", "body_too_large")]
+    assert dead[0].body == huge
+    assert await effects_by_id(db) == {"after": 1}
+
+
 GUIDE = ROOT / "docs" / "other-clients.md"
 
 
