@@ -18,9 +18,11 @@ ends the request as `CLIENT_GONE`, answered to nobody.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -30,7 +32,7 @@ from pydantic import ValidationError
 from consumers import InvalidPushJob, parse_push_job
 from consumers.push.job import MAX_AUDIENCE, apns_payload_problem
 from consumers.runtime.http_limits import BodyTooLarge, ClientGone, read_within
-from ingress.models import SendRequest
+from ingress.models import NotificationIn, SendRequest, TargetIn
 from ingress.refusals import CLIENT_GONE, Refusal, field_name, invalid
 
 
@@ -83,14 +85,57 @@ def decode_body(content_type: str, raw: bytes) -> dict[str, Any]:
     return value
 
 
+# A 400 lists at most this many problems. Each costs memory to find and to say: a
+# body of unknown fields of 9 bytes each holds millions in the request limit.
+MAX_DETAILS = 20
+_EXTRA = "Extra inputs are not permitted"  # pydantic's words, so both kinds read alike
+
+
+def _open_ended(body: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """The problems whose number only the body's size bounds, found without pydantic
+    (which would build an error for every one): unknown fields at any level, and
+    `notification.data` entries that are no text. Targets need no walk of their
+    own: their field says `fail_fast` to pydantic."""
+    for key in body:
+        if key not in SendRequest.model_fields:
+            yield key, _EXTRA
+    note = body.get("notification")
+    if isinstance(note, dict):
+        for key in note:
+            if key not in NotificationIn.model_fields:
+                yield f"notification.{key}", _EXTRA
+        data = note.get("data")
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if not isinstance(value, str) or "\x00" in value or "\x00" in key:
+                    yield f"notification.data.{key}", "text without NUL is required"
+    targets = body.get("targets")
+    if isinstance(targets, list):
+        for n, target in enumerate(targets[:MAX_AUDIENCE]):
+            if isinstance(target, dict):
+                for key in target:
+                    if key not in TargetIn.model_fields:
+                        yield f"targets.{n}.{key}", _EXTRA
+
+
+def _listed(problems: Iterable[tuple[str, str]]) -> Refusal:
+    """400 invalid_request with the first MAX_DETAILS problems, saying if more went unlisted."""
+    first = list(itertools.islice(problems, MAX_DETAILS + 1))
+    if len(first) > MAX_DETAILS:
+        first[MAX_DETAILS:] = [("body", f"more problems than the {MAX_DETAILS} listed")]
+    return invalid(*first)
+
+
 def validated(body: dict[str, Any]) -> SendRequest:
-    """`body` as a push job the worker will attempt; 400 naming each field that is wrong."""
+    """`body` as a push job the worker will attempt; 400 naming what is wrong (at most
+    MAX_DETAILS problems, each field once)."""
+    first = next(_open_ended(body), None)
+    if first is not None:
+        raise _listed(_open_ended(body))
     try:
         request = SendRequest.model_validate(body)
     except ValidationError as exc:
-        raise invalid(
-            *((field_name(("body", *e["loc"])), e["msg"]) for e in exc.errors())
-        ) from None
+        raise _listed((field_name(("body", *e["loc"])), e["msg"]) for e in exc.errors()) from None
     try:
         job = parse_push_job(body, max_targets=MAX_AUDIENCE)  # more than a job holds: parts
     except InvalidPushJob as exc:

@@ -46,7 +46,8 @@ class SendRequest(BaseModel):
 
     model_config = _STRICT
     # More than one job holds: sent as parts (consumers.push.parts), counted together.
-    targets: Annotated[list[TargetIn], Field(min_length=1, max_length=MAX_AUDIENCE)]
+    # fail_fast: the first wrong target is the 400's, not each of up to MAX_AUDIENCE.
+    targets: Annotated[list[TargetIn], Field(min_length=1, max_length=MAX_AUDIENCE, fail_fast=True)]
     notification: NotificationIn = Field(default_factory=NotificationIn)
     priority: Literal["high", "normal"] | None = None
     ttl_seconds: Annotated[int, Field(ge=0, le=MAX_TTL_SECONDS)] | None = None

@@ -14,6 +14,7 @@ import pytest
 
 from consumers import Settings
 from dedupe import DbConnection
+from ingress.body import MAX_DETAILS
 from ingress.settings import IngressSettings
 from tests.ingress_support import Served, serve_in_process
 
@@ -145,3 +146,49 @@ async def test_a_payload_apns_would_refuse_is_refused_at_the_door(
         assert detail["field"] == "notification"
         assert "APNs takes at most" in detail["message"], detail
         assert await db.fetchval("SELECT count(*) FROM outbox") == 0
+
+
+def _many(n: int, where: str) -> str:
+    """A job whose one place `where` holds `n` problems of a few bytes each."""
+    many = ",".join(f'"k{i}":0' for i in range(n))
+    if where == "top":
+        return "{" + TARGETS + "," + many + "}"
+    if where == "target":
+        return '{"targets":[{"platform":"ios","token":"t",' + many + "}]}"
+    if where == "notification":
+        return "{" + TARGETS + ',"notification":{' + many + "}}"
+    if where == "data":
+        return "{" + TARGETS + ',"notification":{"data":{' + many + "}}}"
+    assert where == "targets"
+    return '{"targets":[' + ",".join(["{}"] * n) + "]}"
+
+
+@pytest.mark.parametrize("where", ["top", "target", "notification", "data", "targets"])
+async def test_a_body_of_many_problems_gets_a_400_of_a_few(served: Served, where: str) -> None:
+    """100,000 problems of a few bytes each (under 1.2 MB, far inside the request limit):
+    the 400 lists MAX_DETAILS of them and says more went unlisted. Before, every one
+    was found and listed, and a 5.9 MB body of unknown fields took serve from 67 to
+    740 MB."""
+    body = _many(100_000, where)
+    async with httpx.AsyncClient(base_url=served.url, timeout=60) as http:
+        answer = await http.post(
+            "/v1/messages",
+            content=body.encode(),
+            headers={
+                "Authorization": f"Bearer {served.key}",
+                "Content-Type": "application/json",
+                "Idempotency-Key": f"many-{where}",
+            },
+        )
+    assert answer.status_code == 400, answer.text
+    details = answer.json()["details"]
+    assert len(answer.content) < 10_000
+    if where == "targets":  # pydantic stops at the first wrong target: its two fields
+        assert [d["field"] for d in details] == ["targets.0.platform", "targets.0.token"]
+        return
+    assert len(details) == MAX_DETAILS + 1, len(details)
+    assert details[-1] == {
+        "field": "body",
+        "message": f"more problems than the {MAX_DETAILS} listed",
+    }
+    assert details[0]["field"].endswith("k0") and details[MAX_DETAILS - 1]["field"].endswith("k19")
