@@ -68,11 +68,23 @@ def _finite(text: str) -> float:
     return value
 
 
+# A send holds at most this many JSON values: each target an object of two (three
+# bytes among `{`, `,` and `[`), the rest a few thousand at most (its strings
+# hold no more, within APNs's payload limit). Counted from those bytes before
+# decoding, whose Python objects cost tens of times the bytes: a 64 MiB body of
+# zeros would be 32 million of them. A comma inside a string counts too, so the
+# count is never under the truth.
+MAX_JSON_VALUES = 4 * MAX_AUDIENCE + 10_000
+
+
 def decode_body(content_type: str, raw: bytes) -> dict[str, Any]:
-    """The body's one JSON object; 400 invalid_request when a parser could read it two ways."""
+    """The body's one JSON object; 400 invalid_request when a parser could read it two
+    ways, or when it holds more values than a send can (before it is decoded)."""
     kind = content_type.split(";")[0].strip().lower()
     if kind != "application/json" and not kind.endswith("+json"):
         raise invalid(("body", "Content-Type: application/json is required"))
+    if raw.count(b",") + raw.count(b"{") + raw.count(b"[") > MAX_JSON_VALUES:
+        raise invalid(("body", f"more JSON values than a send holds ({MAX_JSON_VALUES:,})"))
     try:
         value = json.loads(
             raw.decode(), object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_finite

@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from consumers import Settings
+from consumers.push.job import MAX_AUDIENCE
 from dedupe import DbConnection
-from ingress.body import MAX_DETAILS
+from ingress.body import MAX_DETAILS, MAX_JSON_VALUES
 from ingress.settings import IngressSettings
 from tests.ingress_support import Served, serve_in_process
 
@@ -192,3 +193,48 @@ async def test_a_body_of_many_problems_gets_a_400_of_a_few(served: Served, where
         "message": f"more problems than the {MAX_DETAILS} listed",
     }
     assert details[0]["field"].endswith("k0") and details[MAX_DETAILS - 1]["field"].endswith("k19")
+
+
+async def test_a_body_of_millions_of_tiny_values_is_refused_before_it_is_decoded(
+    served: Served,
+) -> None:
+    """5 million zeros in 10 MB, inside the request limit: as Python objects, hundreds
+    of MB. Counted from the bytes, refused as more than any send holds."""
+    body = "{" + TARGETS + ',"pad":[' + ",".join(["0"] * 5_000_000) + "]}"
+    async with httpx.AsyncClient(base_url=served.url, timeout=60) as http:
+        answer = await http.post(
+            "/v1/messages",
+            content=body.encode(),
+            headers={
+                "Authorization": f"Bearer {served.key}",
+                "Content-Type": "application/json",
+                "Idempotency-Key": "millions",
+            },
+        )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["details"] == [
+        {"field": "body", "message": f"more JSON values than a send holds ({MAX_JSON_VALUES:,})"}
+    ]
+
+
+async def test_a_send_to_the_most_devices_a_send_holds_is_still_taken(
+    served: Served, db: DbConnection
+) -> None:
+    """MAX_AUDIENCE devices, each in its own object, with notification data: under
+    MAX_JSON_VALUES, queued as parts of 200."""
+    targets = ",".join(
+        f'{{"platform":"ios","token":"device:{n:06d}.x"}}' for n in range(MAX_AUDIENCE)
+    )
+    body = '{"targets":[' + targets + '],"notification":{"title":"a,b","data":{"k":"[,{"}}}'
+    async with httpx.AsyncClient(base_url=served.url, timeout=60) as http:
+        answer = await http.post(
+            "/v1/messages",
+            content=body.encode(),
+            headers={
+                "Authorization": f"Bearer {served.key}",
+                "Content-Type": "application/json",
+                "Idempotency-Key": "everyone",
+            },
+        )
+    assert answer.status_code == 202, answer.text
+    assert await db.fetchval("SELECT count(*) FROM outbox") == MAX_AUDIENCE // 200
