@@ -5,9 +5,10 @@
                   it passes the limit, so a body is never held past it
     decode_body   UTF-8 JSON, one value for every parser: a key given twice,
                   NaN, Infinity, a number past any float, a lone surrogate,
-                  an integer of thousands of digits are 400, never a 500
-    validated     the body's shape (`SendRequest`, whose every field is
-                  listed in a 400), then `consumers.push.job.parse_push_job`,
+                  an integer of thousands of digits are 400, never a 500;
+                  more values than a send holds, 400 before decoding
+    validated     the body's shape (`SendRequest`; a 400 lists up to
+                  MAX_DETAILS wrong fields), then `consumers.push.job.parse_push_job`,
                   the worker's own rules: what the door answers 202 the
                   worker attempts, never dead-letters as invalid
 
@@ -140,7 +141,7 @@ def _listed(problems: Iterable[tuple[str, str]]) -> Refusal:
 
 def validated(body: dict[str, Any]) -> SendRequest:
     """`body` as a push job the worker will attempt; 400 naming what is wrong (at most
-    MAX_DETAILS problems, each field once)."""
+    MAX_DETAILS problems, then a line saying there were more)."""
     first = next(_open_ended(body), None)
     if first is not None:
         raise _listed(_open_ended(body))
