@@ -28,6 +28,20 @@ async def served(db: DbConnection, settings: Settings) -> AsyncIterator[Served]:
         yield s
 
 
+async def post_raw(served: Served, body: str, key: str) -> httpx.Response:
+    """`body` as the bytes of a JSON send, with the test tenant's key and `key`."""
+    async with httpx.AsyncClient(base_url=served.url, timeout=60) as http:
+        return await http.post(
+            "/v1/messages",
+            content=body.encode(),
+            headers={
+                "Authorization": f"Bearer {served.key}",
+                "Content-Type": "application/json",
+                "Idempotency-Key": key,
+            },
+        )
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -60,16 +74,7 @@ async def served(db: DbConnection, settings: Settings) -> AsyncIterator[Served]:
 async def test_a_body_read_two_ways_is_400_and_stores_nothing(
     served: Served, db: DbConnection, body: str
 ) -> None:
-    async with httpx.AsyncClient(base_url=served.url, timeout=30) as http:
-        answer = await http.post(
-            "/v1/messages",
-            content=body.encode(),
-            headers={
-                "Authorization": f"Bearer {served.key}",
-                "Content-Type": "application/json",
-                "Idempotency-Key": "k-1",
-            },
-        )
+    answer = await post_raw(served, body, "k-1")
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"] == "invalid_request"
     assert await db.fetchval("SELECT count(*) FROM ingress_idempotency_keys") == 0
@@ -171,16 +176,7 @@ async def test_a_body_of_many_problems_gets_a_400_of_a_few(served: Served, where
     was found and listed, and a 5.9 MB body of unknown fields took serve from 67 to
     740 MB."""
     body = _many(100_000, where)
-    async with httpx.AsyncClient(base_url=served.url, timeout=60) as http:
-        answer = await http.post(
-            "/v1/messages",
-            content=body.encode(),
-            headers={
-                "Authorization": f"Bearer {served.key}",
-                "Content-Type": "application/json",
-                "Idempotency-Key": f"many-{where}",
-            },
-        )
+    answer = await post_raw(served, body, f"many-{where}")
     assert answer.status_code == 400, answer.text
     details = answer.json()["details"]
     assert len(answer.content) < 10_000
@@ -201,16 +197,7 @@ async def test_a_body_of_millions_of_tiny_values_is_refused_before_it_is_decoded
     """5 million zeros in 10 MB, inside the request limit: as Python objects, hundreds
     of MB. Counted from the bytes, refused as more than any send holds."""
     body = "{" + TARGETS + ',"pad":[' + ",".join(["0"] * 5_000_000) + "]}"
-    async with httpx.AsyncClient(base_url=served.url, timeout=60) as http:
-        answer = await http.post(
-            "/v1/messages",
-            content=body.encode(),
-            headers={
-                "Authorization": f"Bearer {served.key}",
-                "Content-Type": "application/json",
-                "Idempotency-Key": "millions",
-            },
-        )
+    answer = await post_raw(served, body, "millions")
     assert answer.status_code == 400, answer.text
     assert answer.json()["details"] == [
         {"field": "body", "message": f"more JSON values than a send holds ({MAX_JSON_VALUES:,})"}
@@ -226,15 +213,6 @@ async def test_a_send_to_the_most_devices_a_send_holds_is_still_taken(
         f'{{"platform":"ios","token":"device:{n:06d}.x"}}' for n in range(MAX_AUDIENCE)
     )
     body = '{"targets":[' + targets + '],"notification":{"title":"a,b","data":{"k":"[,{"}}}'
-    async with httpx.AsyncClient(base_url=served.url, timeout=60) as http:
-        answer = await http.post(
-            "/v1/messages",
-            content=body.encode(),
-            headers={
-                "Authorization": f"Bearer {served.key}",
-                "Content-Type": "application/json",
-                "Idempotency-Key": "everyone",
-            },
-        )
+    answer = await post_raw(served, body, "everyone")
     assert answer.status_code == 202, answer.text
     assert await db.fetchval("SELECT count(*) FROM outbox") == MAX_AUDIENCE // 200
