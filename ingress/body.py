@@ -142,9 +142,8 @@ def _listed(problems: Iterable[tuple[str, str]]) -> Refusal:
 def validated(body: dict[str, Any]) -> SendRequest:
     """`body` as a push job the worker will attempt; 400 naming what is wrong (at most
     MAX_DETAILS problems, then a line saying there were more)."""
-    first = next(_open_ended(body), None)
-    if first is not None:
-        raise _listed(_open_ended(body))
+    if open_ended := list(itertools.islice(_open_ended(body), MAX_DETAILS + 1)):
+        raise _listed(open_ended)
     try:
         request = SendRequest.model_validate(body)
     except ValidationError as exc:

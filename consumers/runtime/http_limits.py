@@ -139,9 +139,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         )
 
     def _disarm(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        _cancel(self._head_timer)
+        self._head_timer = None
 
     def _too_slow(self) -> None:
         self._head_timer = None
@@ -156,9 +155,8 @@ class GuardedHttpTools(HttpToolsProtocol):
         )
 
     def _disarm_body(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        _cancel(self._body_timer)
+        self._body_timer = None
 
     def _body_due(self) -> None:
         """The body's deadline as it stood when armed: moved by what came since, or passed."""
@@ -190,6 +188,12 @@ class GuardedHttpTools(HttpToolsProtocol):
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self._head_timer = self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+
+def _cancel(timer: asyncio.TimerHandle | None) -> None:
+    """Cancel `timer`, if there is one."""
+    if timer is not None:
+        timer.cancel()
 
 
 class BodyTooLarge(Exception):
