@@ -8,6 +8,7 @@ per run, and that the summary line is there.
 
 from __future__ import annotations
 
+import random
 import re
 import select
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import aio_pika
 import aiormq.connection
 import pytest
 from asyncpg.transaction import Transaction
@@ -34,9 +36,11 @@ from proving.bench.options import (
     SLOW_VARIANTS,
     parse,
 )
+from proving.bench.pacer import publish_paced
 from proving.bench.stopwatch import Stopwatch, Timing
 from proving.bench.workload import job
-from proving.deadlines import ANSWER_S
+from proving.deadlines import ANSWER_S, within
+from tests.conftest import AMQP_URL
 
 
 async def test_every_variant_consumes_everything_once(
@@ -79,7 +83,7 @@ async def test_a_fixed_paced_rate_paces_there_without_the_framework(
     out = capsys.readouterr().out
     paced = next(line for line in out.splitlines() if line.startswith("paced: rate="))
     assert paced.startswith("paced: rate=300 msg/s (--paced-rate) ceiling p50="), paced
-    assert "at 300 msg/s (300 sent)" in out, out
+    assert "at 300 msg/s (300 sent, the pacer on a CPU " in out, out
     assert aiormq.connection.FrameReceiver is BufferedFrameReceiver
     with pytest.raises(SystemExit):
         parse(["--paced-rate", "0"])
@@ -248,3 +252,28 @@ async def test_the_cleanup_bench_deletes_every_expired_row_at_each_size(settings
     line = await cleanup_bench(settings.database.url, [0, 2000], expired=1200, batch=500, repeats=1)
     assert line.startswith("cleanup: deleted=1200 batch=500 rows=0 us_per_row="), line
     assert " rows=2000 us_per_row=" in line and " ratio=" in line, line
+
+
+async def test_the_pacer_publishes_each_job_as_basic_publish_would(
+    queue_name: str, channel: aio_pika.abc.AbstractChannel
+) -> None:
+    """The pacer writes bytes it marshalled before its clock: what arrives is every
+    job of its seed, in order, with the body and properties `workload.job` gives."""
+    queue = await channel.declare_queue(queue_name, auto_delete=False)
+    rate, seconds, seed = 400.0, 0.5, 7
+    sent, cpu_seconds = await publish_paced(
+        AMQP_URL, queue_name, rate=rate, seconds=seconds, seed=seed
+    )
+    assert sent == 200
+    assert 0 < cpu_seconds < ANSWER_S
+    rng = random.Random(seed)
+    for n in range(sent):
+        expected = job(n, rng)
+        got = await within(ANSWER_S, "a paced job", queue.get(no_ack=True))
+        assert got is not None, f"job {n} of {sent} missing"
+        assert got.body == expected.body
+        assert got.message_id == expected.message_id
+        assert got.content_type == expected.content_type
+        assert got.delivery_mode == expected.delivery_mode
+        assert got.headers == expected.headers
+    assert await queue.get(no_ack=True, fail=False) is None  # nothing more

@@ -195,9 +195,11 @@ class Rounds:
         timed = self.options.phases and variant.name in phases.VARIANTS
         batches = phases.Phases(self.watch)
         with batches.installed() if timed else contextlib.nullcontext(batches):
-            timing, sent = await self._paced_run(variant, rate, seconds, expected)
+            timing, pacer = await self._paced_run(variant, rate, seconds, expected)
+        sent, cpu_seconds = pacer.split()
         self.progress(
-            f"paced {variant.name:<20} at {rate:,.0f} msg/s ({sent} sent):"
+            f"paced {variant.name:<20} at {rate:,.0f} msg/s ({sent} sent,"
+            f" the pacer on a CPU {float(cpu_seconds) / seconds:.0%}):"
             f"  p50 {_ms(timing.p50_ms)}  p99 {_ms(timing.p99_ms)}  {timing.cpu_shares()}"
             f"  at {since(self.started)}"
         )
