@@ -29,6 +29,15 @@ from tests.support import ROOT, publish_confirmed, wait_for
 @asynccontextmanager
 async def console_in_process(settings: Settings, queue: str) -> AsyncIterator[str]:
     """uvicorn on 127.0.0.1, port chosen by the kernel; its base URL; stopped on exit."""
+    async with console_server(settings, queue) as (url, _):
+        yield url
+
+
+@asynccontextmanager
+async def console_server(
+    settings: Settings, queue: str
+) -> AsyncIterator[tuple[str, uvicorn.Server]]:
+    """`console_in_process`, with the server (its `server_state.tasks`: the requests running)."""
     app = create_app(settings, ConsoleSettings(queues=(queue,)))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
@@ -40,7 +49,7 @@ async def console_in_process(settings: Settings, queue: str) -> AsyncIterator[st
             if task.done():
                 task.result()  # a failed start raises here
             await asyncio.sleep(0.02)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", server
     finally:
         server.should_exit = True
         await within(ANSWER_S, "the console server to exit", task)

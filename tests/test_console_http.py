@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from console.settings import ConsoleSettings
 from consumers import Settings, dead_letter_queue
 from consumers.broker.topology import declare
 from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER
+from consumers.runtime.http_limits import LINGER_SECONDS
 from dedupe import DbConnection, Messages, NewMessage, fingerprint, job_message_id
 from proving.deadlines import ANSWER_S
 from tests.apps.effects import FAST_RETRY
@@ -33,6 +35,7 @@ from tests.conftest import AMQP_URL, DATABASE_URL
 from tests.console_support import (
     console_in_process,
     console_process,
+    console_server,
     held,
     make_tokens,
     publish,
@@ -190,6 +193,40 @@ async def test_the_console_has_the_send_apis_head_limit(
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), ANSWER_S)
         writer.close()
     assert int(head[9:12]) == 431, head
+
+
+async def test_a_client_gone_mid_form_ends_its_request_without_an_error_logged(
+    db: DbConnection,
+    schema: str,
+    settings: Settings,
+    queue_name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Hung up before its form ended: a request nobody reads the answer of, not a
+    server error with Starlette's traceback."""
+    caplog.set_level(logging.WARNING)
+    loop = asyncio.get_running_loop()
+    async with console_server(settings, queue_name) as (url, server):
+        port = int(url.rsplit(":", 1)[1])
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /login HTTP/1.1\r\nHost: t\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\n"
+            b"token="
+        )
+        await writer.drain()
+        running = server.server_state.tasks  # the requests' tasks, from each one's head
+        deadline = loop.time() + ANSWER_S
+        while not running:
+            assert loop.time() < deadline, "the request never started"
+            await asyncio.sleep(0.02)
+        writer.close()
+        deadline = loop.time() + LINGER_SECONDS + ANSWER_S
+        while running:
+            assert loop.time() < deadline, "the request never ended"
+            await asyncio.sleep(0.02)
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not errors, [r.getMessage() for r in errors]
 
 
 async def test_the_console_command_serves_this_machine_only_with_a_token_the_cli_made(
