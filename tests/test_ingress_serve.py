@@ -160,7 +160,7 @@ def test_schemathesis_finds_no_failure_against_the_live_openapi(serving: Serving
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert "No issues found" in result.stdout
+    assert "No issues found" in result.stdout, result.stdout[-6000:]
 
 
 async def test_the_servers_socket_accepts_a_connect_before_uvicorn_has_started() -> None:
