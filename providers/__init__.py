@@ -13,6 +13,7 @@ from providers.errors import (
     PermanentProviderError,
     ProviderConfigurationError,
     ProviderError,
+    TargetGone,
     TransientProviderError,
     UnknownOutcomeError,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "SendIds",
     "Sender",
     "Target",
+    "TargetGone",
     "TransientProviderError",
     "UnknownOutcomeError",
     "job_ids",

@@ -4,7 +4,7 @@ and, once every target of a job has answered, for the job's message.
 | the answer | the row | the job |
 |---|---|---|
 | accepted (or found by a lookup) | `sent` + the provider's id | effect committed |
-| InvalidDeviceToken | `failed` (the kind's `gone` and the app's hook run) | effect committed |
+| TargetGone (a dead token...) | `failed`; the kind's `gone`, the app's hook | effect committed |
 | PermanentProviderError | `failed` | effect committed |
 | ProviderConfigurationError | `claimed` | retried when the probe is due, free |
 | NotStartedInTime | `claimed` | retried at once, free (our lease, not the provider) |
@@ -30,7 +30,6 @@ from consumers.pipeline.deliveries import Item
 from consumers.telemetry.logs import OutcomeLines
 from dedupe import DedupeKey, SendResult, SendStatus, TargetKey, UnknownOutcome
 from providers import (
-    InvalidDeviceToken,
     NotStartedInTime,
     PermanentProviderError,
     PlatformRouter,
@@ -38,6 +37,7 @@ from providers import (
     ProviderReceipt,
     Sender,
     SendIds,
+    TargetGone,
     TransientProviderError,
     UnknownOutcomeError,
 )
@@ -100,9 +100,7 @@ def answered(
         return Answered(send=send, result=result, looked_up=looked_up)
     if isinstance(answer, PermanentProviderError):
         failed = SendResult(target=target, status=SendStatus.FAILED, failure_reason=answer.reason)
-        return Answered(
-            send=send, result=failed, dead_target=isinstance(answer, InvalidDeviceToken)
-        )
+        return Answered(send=send, result=failed, dead_target=isinstance(answer, TargetGone))
     if isinstance(answer, TransientProviderError):
         defer = Defer.TRANSIENT
         if isinstance(answer, ProviderConfigurationError):

@@ -56,16 +56,18 @@ from consumers.effects.circuit import Circuits
 from consumers.effects.gate import ProviderGate
 from consumers.effects.lease import Lease
 from consumers.handlers.spec import EffectSpec
-from consumers.message.verdict import Verdict
+from consumers.message.verdict import Verdict, error_text
 from consumers.pipeline.deliveries import Item
 from dedupe import DedupeKey, SendRow, SendStatus
 from providers import (
     JobIds,
     LooksUp,
     NotStartedInTime,
+    ProviderError,
     ProviderReceipt,
     RecoveryKind,
     Sender,
+    TransientProviderError,
     UnknownOutcomeError,
 )
 
@@ -267,8 +269,8 @@ class Fanout:
         policy, lease = self.effects.unknown_outcome, self.lease
         circuit = self.circuits.of(send.provider)
         recovery = target.recovery.kind
-        effect = self.effects.kind.effect(send.job, send.target.target_index, send.recipient)
         ask_first = send.previous > 0 and recovery is RecoveryKind.LOOKUP_BY_KEY
+        effect: object = None
         while True:
             answer_by = lease.answer_by()
             if lease.lost or self._stopping:
@@ -288,6 +290,8 @@ class Fanout:
                 return never_sent(send, "replay_window_passed")
             reply: ProviderReceipt | BaseException | None
             try:
+                if effect is None:
+                    effect = await self._effect(send)
                 if ask_first:
                     assert isinstance(target, LooksUp)  # checked when the worker started
                     reply = await target.look_up(effect, send.ids, deadline=answer_by)
@@ -305,6 +309,18 @@ class Fanout:
                 await self._renewal()  # nothing sent: try again on the renewed lease
                 continue
             return answered(send, reply, policy, looked_up=ask_first)
+
+    async def _effect(self, send: Send) -> object:
+        """What the send carries, built by the queue's kind; nothing is sent if it fails."""
+        try:
+            return await self.effects.kind.effect(
+                send.job, send.target.target_index, send.recipient
+            )
+        except (ProviderError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            reason = f"effect_not_built: {error_text(exc)}"
+            raise TransientProviderError(reason, provider=send.provider) from exc
 
     async def _renewal(self) -> None:
         with contextlib.suppress(TimeoutError):

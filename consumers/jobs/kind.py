@@ -14,17 +14,28 @@ is said here, by the kind, in the order the runner asks:
    claim's transaction, and written to the ledger: a push job names its devices,
    an e-mail its addresses, a webhook job is sent to the tenant's endpoints that
    take its event type. A redelivered job goes to the rows written then;
-4. `effect(job, index, recipient)`: what one target is sent (the provider's input);
+4. `effect(job, index, recipient)`: what one target is sent (the provider's input),
+   built when its send can start, with no transaction open: a webhook call reads
+   its endpoint's address and current signing secrets then. An error here sends
+   nothing: a `ProviderError` counts as the provider's answer, anything else as a
+   transient failure;
 5. `gone(tx, dead)`: what a target the provider called dead means, in the
    transaction that records it (a webhook endpoint that answered 410 is disabled).
+
+`bound(pool, settings)` is called once per queue when a worker starts: the kind
+the runner uses, given the worker's database pool and settings (a webhook kind
+reads its endpoints through them; push needs neither and returns itself).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
+import asyncpg
+
+from consumers.settings import Settings
 from dedupe import DbConnection
 
 J = TypeVar("J")
@@ -67,6 +78,8 @@ class EffectKind(Protocol[J]):
 
     name: str
 
+    def bound(self, pool: asyncpg.Pool, settings: Settings) -> Self: ...
+
     def parse(self, body: Mapping[str, Any]) -> J: ...
 
     def weigh(self, body: bytes, *, max_body_bytes: int) -> int: ...
@@ -77,7 +90,7 @@ class EffectKind(Protocol[J]):
         self, tx: DbConnection, jobs: Sequence[tuple[str, J]]
     ) -> list[list[Recipient]]: ...
 
-    def effect(self, job: J, index: int, recipient: Recipient) -> object: ...
+    async def effect(self, job: J, index: int, recipient: Recipient) -> object: ...
 
     async def gone(self, tx: DbConnection, dead: DeadTarget) -> None: ...
 

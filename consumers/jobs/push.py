@@ -31,11 +31,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
+
+import asyncpg
 
 from consumers.jobs.kind import DeadTarget, InvalidJob, Recipient
 from consumers.message.envelope import loads_json
-from consumers.settings import MAX_BODY_BYTES
+from consumers.settings import MAX_BODY_BYTES, Settings
 from dedupe import DbConnection
 from providers import Notification, Platform, Priority, Push, Target
 from providers.apns_wire import apns_body, payload_limit
@@ -221,6 +223,9 @@ class PushKind:
 
     name = "push"
 
+    def bound(self, pool: asyncpg.Pool, settings: Settings) -> Self:
+        return self
+
     def parse(self, body: Mapping[str, Any]) -> PushJob:
         return parse_push_job(body)
 
@@ -238,7 +243,7 @@ class PushKind:
             for _, job in jobs
         ]
 
-    def effect(self, job: PushJob, index: int, recipient: Recipient) -> Push:
+    async def effect(self, job: PushJob, index: int, recipient: Recipient) -> Push:
         return job.push_for(job.targets[index])
 
     async def gone(self, tx: DbConnection, dead: DeadTarget) -> None:

@@ -23,6 +23,7 @@ import os
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import aio_pika
@@ -186,6 +187,9 @@ class Worker:
         ws = self.settings.worker
         holding = None
         effects = spec.effects
+        if effects is not None:  # its kind, given this worker's pool and settings
+            effects = replace(effects, kind=effects.kind.bound(self.pool, self.settings))
+            spec = replace(spec, effects=effects)
         if effects is not None:  # the targets its channels' batches hold, all of them
 
             def weigh(delivery: Delivery) -> int:
