@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from console import Role, Tokens
+from console.origin import origin_of
 from consumers import Settings
 from dedupe import DbConnection
 from tests.console_support import (
@@ -210,3 +211,13 @@ async def test_sign_in_and_sign_out_from_a_foreign_origin_are_refused(scene: Sce
     assert (await scene.olivia.get("/actions")).status_code == 200  # still signed in
     out = await scene.olivia.post("/logout")
     assert out.status_code == 303 and (await scene.olivia.get("/actions")).status_code == 303
+
+
+def test_an_origin_is_compared_as_browsers_write_it() -> None:
+    """Scheme, host and port; case and a default port do not matter; nothing else passes."""
+    same = ("http://Console.Example", "http://console.example:80", "http://console.example/x?y")
+    assert {origin_of(url) for url in same} == {"http://console.example"}
+    assert origin_of("https://console.example:443") == "https://console.example"
+    assert origin_of("http://[::1]:8300") == "http://[::1]:8300"
+    for other in ("null", "", "file:///etc", "javascript:alert(1)", "http://h:99999", "http://"):
+        assert origin_of(other) is None, other
