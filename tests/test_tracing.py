@@ -25,11 +25,11 @@ from consumers.telemetry.tracing import configure_tracing, tracing
 from ingress.settings import IngressSettings
 from providers.fakes.apns import FakeApns
 from providers.fakes.fcm import FakeFcm
+from proving.otlp import ExportedSpan, OtlpReceiver, start_receiver
 from tests.apps.effects import FAST_RETRY, record
 from tests.conftest import AMQP_URL, DATABASE_URL
 from tests.harness import Harness
 from tests.ingress_support import Served, serve_in_process
-from proving.otlp import ExportedSpan, OtlpReceiver, start_receiver
 from tests.support import ROOT, WorkerProcess, wait_consumers, wait_for
 from tests.test_push import push_app
 
