@@ -27,13 +27,19 @@ import re
 import shlex
 import signal
 import subprocess
-from collections.abc import Mapping
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import aio_pika
 import asyncpg
 
-from proving.deadlines import ANSWER_S
+from consumers import RetryPolicy
+from consumers.broker.topology import delete
+from proving.deadlines import ANSWER_S, within
 from tests.code_blocks import code_blocks
 from tests.support import wait_for
 
@@ -192,3 +198,31 @@ async def run_quickstart(quick: Quickstart, folder: Path, *, bin_dir: Path) -> N
         if worker is not None and worker.poll() is None:
             worker.kill()
             worker.wait(timeout=ANSWER_S)
+
+
+@asynccontextmanager
+async def database_of_its_own(database_url: str) -> AsyncIterator[str]:
+    """The URL of a fresh database beside `database_url`'s, dropped after."""
+    name = f"readme_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(database_url, timeout=ANSWER_S)
+    try:
+        await conn.execute(f"CREATE DATABASE {name}", timeout=ANSWER_S)
+        try:
+            yield urlunsplit(urlsplit(database_url)._replace(path=f"/{name}"))
+        finally:
+            await conn.execute(f"DROP DATABASE {name} WITH (FORCE)", timeout=ANSWER_S)
+    finally:
+        await conn.close(timeout=ANSWER_S)
+
+
+@asynccontextmanager
+async def queue_of_its_own(amqp_url: str) -> AsyncIterator[str]:
+    """A queue name for the README's handler; its queues (default retry policy) deleted after."""
+    name = f"readme.{uuid.uuid4().hex[:12]}"
+    try:
+        yield name
+    finally:
+        connection = await aio_pika.connect(amqp_url, timeout=ANSWER_S)
+        async with connection:
+            channel = await within(ANSWER_S, "a channel", connection.channel())
+            await within(ANSWER_S, "deleting the queues", delete(channel, name, RetryPolicy()))

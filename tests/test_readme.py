@@ -12,20 +12,18 @@ from __future__ import annotations
 import ast
 import re
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-import aio_pika
-import asyncpg
 import pytest
 
-from consumers import RetryPolicy
-from consumers.broker.topology import delete
-from proving.deadlines import ANSWER_S, within
 from tests.conftest import AMQP_URL, DATABASE_URL
-from tests.quickstart import Quickstart, run_quickstart
+from tests.quickstart import (
+    Quickstart,
+    database_of_its_own,
+    queue_of_its_own,
+    run_quickstart,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -79,24 +77,14 @@ def _statements(sql: str) -> list[str]:
 
 @pytest.fixture
 async def fresh_database() -> AsyncIterator[str]:
-    """The URL of a database of the test's own, dropped after."""
-    name = f"readme_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(DATABASE_URL, timeout=ANSWER_S)
-    await conn.execute(f"CREATE DATABASE {name}", timeout=ANSWER_S)
-    yield urlunsplit(urlsplit(DATABASE_URL)._replace(path=f"/{name}"))
-    await conn.execute(f"DROP DATABASE {name} WITH (FORCE)", timeout=ANSWER_S)
-    await conn.close(timeout=ANSWER_S)
+    async with database_of_its_own(DATABASE_URL) as url:
+        yield url
 
 
 @pytest.fixture
 async def readme_queue() -> AsyncIterator[str]:
-    """A queue name of the test's own for the README's handler; its 8 queues deleted after."""
-    name = f"readme.{uuid.uuid4().hex[:12]}"
-    yield name
-    connection = await aio_pika.connect(AMQP_URL, timeout=ANSWER_S)
-    async with connection:
-        channel = await within(ANSWER_S, "a channel", connection.channel())
-        await within(ANSWER_S, "deleting the queues", delete(channel, name, RetryPolicy()))
+    async with queue_of_its_own(AMQP_URL) as name:
+        yield name
 
 
 def test_the_readme_app_and_table_are_the_deploy_example() -> None:
