@@ -138,6 +138,17 @@ async def _shipments(database_url: str) -> list[tuple[int, str]]:
     return [(r["order_id"], r["tenant"]) for r in rows]
 
 
+async def _wait_started(worker: subprocess.Popen[bytes], line: str, log: Path) -> None:
+    """Until the worker logged `worker_started`; fails at once if it exited."""
+
+    async def started() -> bool:
+        code = worker.poll()
+        assert code is None, f"`{line}` exited {code}:\n{_tail(log)}"
+        return "worker_started" in _events(log)
+
+    await wait_for(started, timeout=ANSWER_S)
+
+
 async def run_quickstart(quick: Quickstart, folder: Path, *, bin_dir: Path) -> None:
     """Steps 1 to 4 of the module's docstring; fails the test where the README does."""
     for name, text in quick.files.items():  # 1.
@@ -158,14 +169,7 @@ async def run_quickstart(quick: Quickstart, folder: Path, *, bin_dir: Path) -> N
                     worker = subprocess.Popen(
                         ["bash", "-c", f"exec {line}"], cwd=folder, env=env, stdout=out, stderr=out
                     )
-
-                async def started() -> bool:
-                    assert worker is not None and worker.poll() is None, (
-                        f"`{line}` exited {worker and worker.returncode}:\n{_tail(log)}"
-                    )
-                    return "worker_started" in _events(log)
-
-                await wait_for(started, timeout=ANSWER_S)
+                await _wait_started(worker, line, log)
             elif worker is not None:
                 after_run.append(line)
                 _run_line(line, folder, env, log)

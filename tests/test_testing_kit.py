@@ -23,10 +23,10 @@ import structlog
 from consumers import App, Context, Reject, RetryPolicy
 from consumers.handlers.retry import dead_letter_queue, tier_queue
 from consumers.testing import OutcomeNotSeen, Services, TestWorker, WorkerFor
-from proving.deadlines import ANSWER_S
 from providers import Platform
 from providers.apns import ApnsProvider
 from providers.fakes import FakeApns
+from proving.deadlines import ANSWER_S
 
 FAST = RetryPolicy(max_attempts=3, base_seconds=0.1, tiers_seconds=(0.1, 0.2))
 SHIPMENTS = "CREATE TABLE shipments (order_id bigint NOT NULL, tenant text NOT NULL)"
@@ -59,8 +59,11 @@ def the_queues_of(worker: TestWorker) -> list[str]:
     return [
         name
         for queue, spec in worker.app.specs.items()
-        for name in (queue, dead_letter_queue(queue))
-        + tuple(tier_queue(queue, tier) for tier in spec.retry.tiers_seconds)
+        for name in (
+            queue,
+            dead_letter_queue(queue),
+            *(tier_queue(queue, tier) for tier in spec.retry.tiers_seconds),
+        )
     ]
 
 

@@ -25,6 +25,7 @@ seen for that message instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,7 +114,9 @@ class Awaited:
             for name, value in (("attempt", self.attempt), ("reason", self.reason))
             if value is not None
         )
-        return f"{what} of message {self.message_id!r} ({where}, tenant {self.tenant!r}{conditions})"
+        return (
+            f"{what} of message {self.message_id!r} ({where}, tenant {self.tenant!r}{conditions})"
+        )
 
 
 class OutcomeTap:
@@ -187,10 +190,8 @@ class OutcomeTap:
                     f"Other outcome lines of the app's queues ({len(others)}):"
                     f"\n{self._listed(others[-10:])}"
                 )
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), left)
-            except TimeoutError:
-                pass
 
     def _listed(self, lines: list[OutcomeLine]) -> str:
         taken = {id(self.lines[index]) for index in self._taken}

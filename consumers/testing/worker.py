@@ -124,7 +124,9 @@ class TestWorker:
             await _bounded("setup_sql", db.execute(sql))
         self._db = db
         connection = await aio_pika.connect(self.services.amqp_url, timeout=SERVICE_DEADLINE_S)
-        stack.push_async_callback(lambda: _bounded("closing the AMQP connection", connection.close()))
+        stack.push_async_callback(
+            lambda: _bounded("closing the AMQP connection", connection.close())
+        )
         stack.push_async_callback(self._delete_queues, connection)  # 2.
         channel = await _bounded("a channel", connection.channel(publisher_confirms=True))
         self._publisher = Publisher(channel)
@@ -262,7 +264,9 @@ class TestWorker:
             timeout=timeout,
         )
 
-    async def outcome(self, awaited: Awaited, *, timeout: float = OUTCOME_DEADLINE_S) -> OutcomeLine:
+    async def outcome(
+        self, awaited: Awaited, *, timeout: float = OUTCOME_DEADLINE_S
+    ) -> OutcomeLine:
         """Await any outcome line `awaited` describes; raise `OutcomeNotSeen` if none comes."""
         published = sum(
             count
@@ -339,4 +343,3 @@ async def _bounded(what: str, step: Awaitable[T]) -> T:
             return await step
     except TimeoutError as exc:
         raise TimeoutError(f"{what}: no answer within {SERVICE_DEADLINE_S:g} s") from exc
-
