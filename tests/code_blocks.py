@@ -1,7 +1,7 @@
 """The fenced code blocks of a Markdown page, for the tests that run a page as written.
 
 A block whose first line is a comment naming a file (`# shipments.py`,
-`-- schema.sql`, `# conftest.py`) is that file's text: the reader is meant to
+`-- schema.sql`, `# conftest.py`, `# pytest.ini`) is that file's text: the reader is meant to
 save it under that name, and the tests do.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
-_NAMED = re.compile(r"^(?:#|--)\s*([\w.-]+\.(?:py|sql))\b")
+_NAMED = re.compile(r"^(?:#|--)\s*([\w.-]+\.(?:py|sql|ini))\b")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -81,4 +81,5 @@ async def test_the_wheel_runs_the_readme_quickstart_and_the_testing_guide_in_an_
         folder,
         bin_dir=wheel_venv,
     )
-    run_examples(folder, bin_dir=wheel_venv, amqp_url=AMQP_URL, database_url=DATABASE_URL)
+    output = run_examples(folder, bin_dir=wheel_venv, amqp_url=AMQP_URL, database_url=DATABASE_URL)
+    assert "warning" not in output.lower(), output

@@ -33,11 +33,13 @@ from consumers.testing.services import Services
 from consumers.testing.worker import TestWorker, WorkerFor
 
 
-def _push_installed() -> bool:
-    return all(importlib.util.find_spec(name) is not None for name in ("h2", "cryptography"))
+def _fakes_installable() -> bool:
+    """The push extra (h2, cryptography) and pytest-asyncio, which the fakes' fixtures use."""
+    needed = ("h2", "cryptography", "pytest_asyncio")
+    return all(importlib.util.find_spec(name) is not None for name in needed)
 
 
-pytest_plugins = ["providers.fakes.pytest_plugin"] if _push_installed() else []
+pytest_plugins = ["providers.fakes.pytest_plugin"] if _fakes_installable() else []
 
 
 @pytest.fixture
