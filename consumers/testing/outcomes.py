@@ -44,8 +44,11 @@ SETTLED = frozenset(
         Outcome.MESSAGE_CANCELLED,
     }
 )
-# `message_id_reused` is a dead letter too, with that reason.
-DEAD = frozenset({Outcome.DEAD_LETTERED, Outcome.MESSAGE_ID_REUSED})
+# What each of TestWorker's waits takes; `message_id_reused` is a dead letter too.
+COMMITTED = frozenset({str(Outcome.EFFECT_COMMITTED)})
+IGNORED = frozenset({str(Outcome.DUPLICATE_IGNORED)})
+RETRIED = frozenset({str(Outcome.RETRY_SCHEDULED)})
+DEAD = frozenset({str(Outcome.DEAD_LETTERED), str(Outcome.MESSAGE_ID_REUSED)})
 _EVENTS = frozenset(str(outcome) for outcome in Outcome)
 
 

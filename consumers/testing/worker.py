@@ -12,8 +12,8 @@ Entering it:
    starts with it, as the worker's pool's does;
 2. gives every queue of the app a name of its own on the broker: `orders.shipped`
    becomes `test-<random>.orders.shipped` (`worker.queues`), so tests that run at
-   once, on one broker, never take each other's messages. The name is also the
-   consumer's: the dedupe keys and `ctx.consumer` carry it, in that schema only;
+   once, on one broker, never take each other's messages (what that means for
+   consumer names and dedupe keys: `consumers.testing.isolation`);
 3. starts the real `Worker` on a copy of the app under those names, with no
    relay: what a handler `ctx.emit()`s stays in the schema's outbox
    (`worker.emitted()`), since it names the app's queues, not the test's.
@@ -29,9 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol, Self, TypeVar
 
 import aio_pika
@@ -42,8 +41,17 @@ from consumers.handlers.app import App
 from consumers.message.envelope import TENANT_HEADER
 from consumers.publishing.publisher import Publisher, job_message
 from consumers.runtime.worker import Worker
-from consumers.settings import Settings, WorkerSettings
-from consumers.testing.outcomes import DEAD, Awaited, OutcomeLine, OutcomeTap
+from consumers.settings import Settings
+from consumers.testing.isolation import Isolation, names_on_broker
+from consumers.testing.outcomes import (
+    COMMITTED,
+    DEAD,
+    IGNORED,
+    RETRIED,
+    Awaited,
+    OutcomeLine,
+    OutcomeTap,
+)
 from consumers.testing.services import Services
 from dedupe import DbConnection, migrate, quote_ident
 
@@ -52,8 +60,6 @@ T = TypeVar("T")
 # One call to a service that answers in milliseconds when it is there.
 SERVICE_DEADLINE_S = 30.0
 OUTCOME_DEADLINE_S = 30.0  # a wait for an outcome, unless the call says otherwise
-# A test's worker stops within this; what it holds after is redelivered to no one.
-TEST_SHUTDOWN_GRACE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,13 +90,14 @@ class TestWorker:
         settings: Settings | None = None,
     ) -> None:
         self.services = services or Services()
-        self.prefix = f"test-{secrets.token_hex(5)}."
-        self.schema = f"test_{secrets.token_hex(8)}"
-        self.queues = {queue: self.prefix + queue for queue in app.specs}  # the app's -> ours
-        self.app = _renamed(app, self.queues)
-        self.settings = _isolated(settings or _TEST_SETTINGS, self.services, self.schema)
+        isolation = Isolation.fresh()  # names of its own: consumers.testing.isolation
+        self.prefix = isolation.prefix
+        self.schema = isolation.schema
+        self.queues = isolation.queues(app)  # the app's name -> the name on the broker
+        self.app = isolation.app(app)
+        self.settings = isolation.settings(settings, self.services)
         self._setup_sql = [setup_sql] if isinstance(setup_sql, str) else list(setup_sql)
-        self._tap = OutcomeTap({ours: theirs for theirs, ours in self.queues.items()})
+        self._tap = OutcomeTap(names_on_broker(isolation, app))
         self._published: dict[tuple[str, str, str], int] = {}
         self._db: DbConnection | None = None
         self._publisher: Publisher | None = None
@@ -193,15 +200,8 @@ class TestWorker:
         timeout: float = OUTCOME_DEADLINE_S,
     ) -> OutcomeLine:
         """Await the message's `effect_committed`: its handler's effects committed."""
-        return await self.outcome(
-            Awaited(
-                outcomes=frozenset({"effect_committed"}),
-                message_id=message_id,
-                tenant=tenant,
-                queue=queue,
-            ),
-            timeout=timeout,
-        )
+        awaited = Awaited(outcomes=COMMITTED, message_id=message_id, tenant=tenant, queue=queue)
+        return await self.outcome(awaited, timeout=timeout)
 
     async def duplicate_ignored(
         self,
@@ -212,15 +212,8 @@ class TestWorker:
         timeout: float = OUTCOME_DEADLINE_S,
     ) -> OutcomeLine:
         """Await `duplicate_ignored`: a copy of a message already done, acked with no effect."""
-        return await self.outcome(
-            Awaited(
-                outcomes=frozenset({"duplicate_ignored"}),
-                message_id=message_id,
-                tenant=tenant,
-                queue=queue,
-            ),
-            timeout=timeout,
-        )
+        awaited = Awaited(outcomes=IGNORED, message_id=message_id, tenant=tenant, queue=queue)
+        return await self.outcome(awaited, timeout=timeout)
 
     async def retried(
         self,
@@ -232,16 +225,10 @@ class TestWorker:
         timeout: float = OUTCOME_DEADLINE_S,
     ) -> OutcomeLine:
         """Await `retry_scheduled` (of `attempt`, the one that failed, if given)."""
-        return await self.outcome(
-            Awaited(
-                outcomes=frozenset({"retry_scheduled"}),
-                message_id=message_id,
-                tenant=tenant,
-                queue=queue,
-                attempt=attempt,
-            ),
-            timeout=timeout,
+        awaited = Awaited(
+            outcomes=RETRIED, message_id=message_id, tenant=tenant, queue=queue, attempt=attempt
         )
+        return await self.outcome(awaited, timeout=timeout)
 
     async def dead_lettered(
         self,
@@ -253,16 +240,10 @@ class TestWorker:
         timeout: float = OUTCOME_DEADLINE_S,
     ) -> OutcomeLine:
         """Await the message's dead letter (`message_id_reused` is one), with `reason` if given."""
-        return await self.outcome(
-            Awaited(
-                outcomes=frozenset(str(outcome) for outcome in DEAD),
-                message_id=message_id,
-                tenant=tenant,
-                queue=queue,
-                reason=reason,
-            ),
-            timeout=timeout,
+        awaited = Awaited(
+            outcomes=DEAD, message_id=message_id, tenant=tenant, queue=queue, reason=reason
         )
+        return await self.outcome(awaited, timeout=timeout)
 
     async def outcome(
         self, awaited: Awaited, *, timeout: float = OUTCOME_DEADLINE_S
@@ -313,27 +294,6 @@ class WorkerFor(Protocol):
         setup_sql: str | Sequence[str] = (),
         settings: Settings | None = None,
     ) -> TestWorker: ...
-
-
-_TEST_SETTINGS = Settings(worker=WorkerSettings(shutdown_grace_seconds=TEST_SHUTDOWN_GRACE_S))
-
-
-def _isolated(settings: Settings, services: Services, schema: str) -> Settings:
-    """`settings` on the test's services and schema, without the relay (module step 3)."""
-    return replace(
-        settings,
-        amqp=replace(settings.amqp, urls=(services.amqp_url,)),
-        database=replace(settings.database, url=services.database_url, schema=schema),
-        relay=replace(settings.relay, in_run=False),
-    )
-
-
-def _renamed(app: App, names: Mapping[str, str]) -> App:
-    """A copy of `app` whose handlers consume `names[queue]` (module step 2)."""
-    copy = App(retry=app.retry, faults=app.faults)
-    for queue, spec in app.specs.items():
-        copy._add(replace(spec, queue=names[queue]))  # what each registration method ends in
-    return copy
 
 
 async def _bounded(what: str, step: Awaitable[T]) -> T:
