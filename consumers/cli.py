@@ -26,7 +26,8 @@ from consumers.retention.retry_horizon import RetentionTooShort, check_retention
 from consumers.runtime.process import run_process
 from consumers.settings import Settings
 from consumers.telemetry.logs import configure_logging
-from consumers.telemetry.tracing import configure_tracing, tracing
+from consumers.telemetry.tracing import tracing
+from consumers.telemetry.tracing_setup import configure_tracing
 from dedupe import DedupeError, migrate
 
 log = structlog.get_logger(__name__)

@@ -21,7 +21,8 @@ import pytest
 
 from consumers import App, Relay, Settings
 from consumers.settings import TracingSettings
-from consumers.telemetry.tracing import configure_tracing, tracing
+from consumers.telemetry.tracing import tracing
+from consumers.telemetry.tracing_setup import configure_tracing
 from ingress.settings import IngressSettings
 from providers.fakes.apns import FakeApns
 from providers.fakes.fcm import FakeFcm
