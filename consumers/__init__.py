@@ -5,9 +5,10 @@ in `__all__`; the subpackages (message, handlers, pipeline, push, publishing,
 broker, retention, telemetry, runtime, commands) are the inside, free to change.
 """
 
-from consumers.handlers.app import App, load_app
+from consumers.handlers.app import App
 from consumers.handlers.context import Batch, Context
 from consumers.handlers.faults import NO_FAULTS, CrashPoint, Faults, NoFaults
+from consumers.handlers.loading import AppNotLoaded, AppProblem, load_app
 from consumers.handlers.retry import RetryPolicy, dead_letter_queue, tier_queue
 from consumers.handlers.spec import (
     BatchHandler,
@@ -65,6 +66,8 @@ __all__ = [
     "TENANT_HEADER",
     "AmqpSettings",
     "App",
+    "AppNotLoaded",
+    "AppProblem",
     "BadInput",
     "Batch",
     "BatchHandler",

@@ -9,6 +9,7 @@ that gives no App is one `start_failed` line naming what was tried, and exit
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from consumers.runtime.process import EXIT_CONFIG
+from consumers.telemetry.failed_start import EXIT_CONFIG
 from dedupe import DbConnection
 from tests.support import ROOT, wait_for
 
@@ -81,6 +82,10 @@ def _events(text: str, name: str) -> list[dict[str, Any]]:
     return found
 
 
+def _read(log: Path) -> str:
+    return log.read_text(errors="replace")
+
+
 async def _runs_until_sigterm(
     args: list[str], *, cwd: Path, env: dict[str, str], log: Path, workers: int = 1
 ) -> None:
@@ -90,14 +95,14 @@ async def _runs_until_sigterm(
     try:
 
         async def started() -> bool:
-            text = log.read_text(errors="replace")
+            text = _read(log)
             assert proc.poll() is None, f"exited {proc.returncode}:\n{text}"
             return len(_events(text, "worker_started")) >= workers
 
         await wait_for(started, timeout=START_S)
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=STOP_S)
-        assert code == 0, log.read_text(errors="replace")
+        code = await asyncio.to_thread(proc.wait, STOP_S)
+        assert code == 0, _read(log)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -154,7 +159,9 @@ WRONG_TARGETS = [
 
 
 @pytest.mark.parametrize("processes", ["1", "2"])
-@pytest.mark.parametrize(("target", "error", "named"), WRONG_TARGETS, ids=[t[1] for t in WRONG_TARGETS])
+@pytest.mark.parametrize(
+    ("target", "error", "named"), WRONG_TARGETS, ids=[t[1] for t in WRONG_TARGETS]
+)
 def test_a_target_that_gives_no_app_is_one_start_failed_line_and_exit_78(
     app_dir: Path,
     user_env: dict[str, str],

@@ -84,7 +84,8 @@ class BenchOptions:
     scale: bool = False  # instead: 1 and 2 framework processes beside bare ones
 
 
-def parse(argv: Sequence[str]) -> BenchOptions:
+def bench_parser() -> argparse.ArgumentParser:
+    """The flags of `idempotent-workers bench`."""
     parser = argparse.ArgumentParser(
         prog="idempotent-workers bench",
         description="Throughput and delivery-to-ack latency of our worker beside a bare"
@@ -166,6 +167,12 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         help="instead of the variants: 1 and 2 framework processes (run --processes 2) beside"
         " 1 and 2 bare aio-pika consumer processes, on one queue; prints the scale: line",
     )
+    return parser
+
+
+def parse(argv: Sequence[str]) -> BenchOptions:
+    """The options of `idempotent-workers bench` from its arguments (exits on a bad one)."""
+    parser = bench_parser()
     argv = list(argv)
     if argv[:1] == ["--"]:  # `idempotent-workers bench -- --messages 5000`
         argv = argv[1:]
