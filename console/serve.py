@@ -128,7 +128,7 @@ def token_parser() -> argparse.ArgumentParser:
         prog="idempotent-workers console token",
         description="The console's sign-in tokens, one live token a name.",
     )
-    sub = parser.add_subparsers(dest="action", required=True)
+    sub = parser.add_subparsers(dest="action", required=True, help="ACTION --help: its flags")
     said = "make a token for a name and print it: the only time it is shown"
     create = sub.add_parser("create", help=said, description=said)
     create.add_argument("--name", required=True, help="who holds it: the audit names them")

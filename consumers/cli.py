@@ -186,7 +186,9 @@ def _register_run(sub: Any) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="idempotent-workers", description=__doc__)
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="COMMAND --help: its flags"
+    )
     _command(sub, "migrate", "create or upgrade the dedupe tables (safe to run concurrently)")
     _register_run(sub)
     _command(sub, "relay", "publish the outbox with confirms until SIGTERM (IW_RELAY_*)")

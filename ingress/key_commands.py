@@ -31,7 +31,7 @@ def api_key_parser() -> argparse.ArgumentParser:
         description="The send API's keys, in DATABASE_URL's schema: create one for a tenant,"
         " list them, revoke one.",
     )
-    sub = parser.add_subparsers(dest="action", required=True)
+    sub = parser.add_subparsers(dest="action", required=True, help="ACTION --help: its flags")
     said = "make a key for a tenant and print it: the only time it is shown"
     create = sub.add_parser("create", help=said, description=said)
     create.add_argument("--tenant", required=True, help="the tenant the key's jobs belong to")

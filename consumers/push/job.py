@@ -48,6 +48,10 @@ _TOKEN = re.compile(TOKEN_PATTERN)
 _HEADER_TEXT = re.compile(HEADER_TEXT_PATTERN)
 
 
+# The reason a job that does not parse is dead-lettered with.
+INVALID_PUSH_JOB = "invalid_push_job"
+
+
 class InvalidPushJob(ValueError):
     """The body is not a push job; the message says which field is wrong."""
 

@@ -63,7 +63,7 @@ from consumers.push.answers import (
 from consumers.push.circuit import Circuits
 from consumers.push.claim import Claimed, ClaimStep, new_send
 from consumers.push.gate import ProviderGate
-from consumers.push.job import InvalidPushJob, PushJob, parse_push_job
+from consumers.push.job import INVALID_PUSH_JOB, InvalidPushJob, PushJob, parse_push_job
 from consumers.push.lease import Lease
 from consumers.push.sending import CHUNK_TARGETS, Fanout, JobProgress
 from consumers.settings import WorkerSettings
@@ -132,7 +132,7 @@ class PushRunner:
             try:
                 jobs[item] = parse_push_job(item.envelope.body)
             except InvalidPushJob as exc:
-                decided.append((item, dead("invalid_push_job", error=str(exc))))
+                decided.append((item, dead(INVALID_PUSH_JOB, error=str(exc))))
         try:
             claimed = await self._rerun(partial(self.claims.claim, jobs), size=len(jobs))
         except DatabaseUnavailable as lost:

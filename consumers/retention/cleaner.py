@@ -31,11 +31,14 @@ log = structlog.get_logger(__name__)
 
 def register(sub: Any) -> None:
     """Add `cleanup` to the CLI's subcommands."""
-    clean = sub.add_parser("cleanup", help="delete dedupe rows past retention, in batches")
+    said = "delete dedupe rows past retention, in batches, one cleaner per schema at a time"
+    clean = sub.add_parser("cleanup", help=said, description=said)
     clean.add_argument(
         "--keep-days", type=float, default=None, help="default: IW_RETENTION_DAYS (7)"
     )
-    clean.add_argument("--batch-size", type=int, default=None, help="default: IW_CLEANUP_BATCH")
+    clean.add_argument(
+        "--batch-size", type=int, default=None, help="rows a transaction (IW_CLEANUP_BATCH)"
+    )
     clean.add_argument(
         "--app", metavar="MODULE:APP", help="check --keep-days against this app's retry policies"
     )

@@ -119,8 +119,15 @@ def bench_parser() -> argparse.ArgumentParser:
         + ", ".join(ALL_VARIANTS)
         + f" (default: {', '.join(DEFAULT_VARIANTS)}; with --long all of them)",
     )
-    parser.add_argument("--prefetch", type=int, default=1000)
-    parser.add_argument("--queue-type", choices=[t.value for t in QueueType], default=None)
+    parser.add_argument(
+        "--prefetch", type=int, default=1000, help="unacked deliveries a channel (default 1000)"
+    )
+    parser.add_argument(
+        "--queue-type",
+        choices=[t.value for t in QueueType],
+        default=None,
+        help="of the bench's queues (default: the worker's, IW_QUEUE_TYPE)",
+    )
     parser.add_argument(
         "--paced-seconds",
         type=float,
@@ -147,7 +154,12 @@ def bench_parser() -> argparse.ArgumentParser:
         default=DEFAULT_LOG_FILE,
         help="where the JSON log lines go, emptied first (default: %(default)s)",
     )
-    parser.add_argument("--loop", choices=[e.value for e in EventLoop], default="asyncio")
+    parser.add_argument(
+        "--loop",
+        choices=[e.value for e in EventLoop],
+        default="asyncio",
+        help="the event loop every variant runs on (default asyncio)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run at most")
     parser.add_argument(
         "--profile",
