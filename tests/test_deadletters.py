@@ -378,3 +378,24 @@ def test_archive_help_says_where_the_archived_messages_are_kept() -> None:
     said = " ".join(run_cli("dlq", "archive", "--help").stdout.split())
     assert "printed whole (properties, headers, body) as one JSON line on standard output" in said
     assert "deleted" not in said
+
+
+async def test_replay_dry_run_parses_a_rejected_push_job_again_with_the_workers_parser(
+    channel: aio_pika.abc.AbstractChannel, topology: str
+) -> None:
+    await put_dead_letter(channel, topology, "push-1", reason="invalid_push_job", body=b"{}")
+    fixed = json.dumps(
+        {"targets": [{"platform": "ios", "token": "ab12"}], "notification": {"title": "Hi"}}
+    )
+    await put_dead_letter(
+        channel, topology, "push-2", reason="invalid_push_job", body=fixed.encode()
+    )
+
+    done = run_cli("dlq", "replay", topology, "--dry-run")
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()[:2]
+    assert first.startswith("would_dead_letter_again message_id=push-1"), first
+    assert "again=invalid_push_job targets: a non-empty list is required" in first, first
+    # A body the parser takes now (its rules loosened since, say) would run.
+    assert second.startswith("would_replay  message_id=push-2"), second
+    assert await count(channel, dead_letter_queue(topology)) == 2
