@@ -28,6 +28,7 @@ from consumers.runtime.process import run_process
 from consumers.settings import Settings
 from consumers.telemetry.failed_start import app_not_loaded
 from consumers.telemetry.logs import configure_logging
+from consumers.telemetry.tracing import configure_tracing, tracing
 from dedupe import DedupeError, migrate
 
 log = structlog.get_logger(__name__)
@@ -147,13 +148,13 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     return asyncio.run(supervisor.run())
 
 
-def _command(sub: Any, name: str, said: str, **options: Any) -> argparse.ArgumentParser:
+def _subcommand(sub: Any, name: str, said: str, **options: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = sub.add_parser(name, help=said, description=said, **options)
     return parser
 
 
 def _register_run(sub: Any) -> None:
-    run = _command(sub, "run", "run the handlers of MODULE:APP until SIGTERM")
+    run = _subcommand(sub, "run", "run the handlers of MODULE:APP until SIGTERM")
     run.add_argument("target", metavar="MODULE:APP", help="the App to run: shipments:app")
     run.add_argument(
         "--app-dir",
@@ -189,10 +190,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", help="COMMAND --help: its flags"
     )
-    _command(sub, "migrate", "create or upgrade the dedupe tables (safe to run concurrently)")
+    _subcommand(sub, "migrate", "create or upgrade the dedupe tables (safe to run concurrently)")
     _register_run(sub)
-    _command(sub, "relay", "publish the outbox with confirms until SIGTERM (IW_RELAY_*)")
-    demo = _command(sub, "demo", "the end-to-end demo: crashes, duplicates, a report")
+    _subcommand(sub, "relay", "publish the outbox with confirms until SIGTERM (IW_RELAY_*)")
+    demo = _subcommand(sub, "demo", "the end-to-end demo: crashes, duplicates, a report")
     demo.add_argument("--jobs", type=int, default=10_000, help="local jobs (default 10,000)")
     demo.add_argument("--pushes", type=int, default=1_000, help="push jobs (default 1,000)")
     demo.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
@@ -201,7 +202,7 @@ def _parser() -> argparse.ArgumentParser:
     inspection.register(sub)
     for name, tool in TOOLS.items():
         # No -h of its own: `--help` goes on to the tool's parser, which lists its flags.
-        passing = _command(sub, name, tool.help, add_help=False)
+        passing = _subcommand(sub, name, tool.help, add_help=False)
         passing.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
@@ -217,6 +218,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.args = [*unknown, *args.args]
     configure_logging(args.log_level)
     settings = Settings.from_env()
+    configure_tracing(settings.tracing)
+    try:
+        return _command(args, settings)
+    finally:
+        tracing().shutdown()  # the spans not yet exported, before the process exits
+
+
+def _command(args: argparse.Namespace, settings: Settings) -> int:
     try:
         if args.command == "migrate":
             return asyncio.run(_migrate(settings))

@@ -1,4 +1,5 @@
-"""External senders: the Provider seam, APNs and FCM, their errors, and stable send ids.
+"""External senders: the Sender seam (and Provider, its push form), what a channel offers
+after a crash (Recovery), APNs and FCM, their errors, and stable send ids.
 
 `providers.fakes` holds local fake APNs and FCM servers for tests and demos.
 The APNs and FCM names load on first use, so the rest works without the `push` extra.
@@ -12,11 +13,22 @@ from providers.errors import (
     PermanentProviderError,
     ProviderConfigurationError,
     ProviderError,
+    TargetGone,
     TransientProviderError,
     UnknownOutcomeError,
 )
 from providers.ids import JobIds, SendIds, job_ids, send_ids
-from providers.provider import Provider, ProviderReceipt
+from providers.provider import (
+    LOOKUP_BY_KEY,
+    NEITHER,
+    LooksUp,
+    Provider,
+    ProviderReceipt,
+    Recovery,
+    RecoveryKind,
+    Sender,
+    replays_within,
+)
 from providers.push import Notification, Platform, Priority, Push, Target
 from providers.recording import RecordedSend, RecordingProvider
 from providers.routing import PlatformRouter
@@ -42,12 +54,15 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "LOOKUP_BY_KEY",
+    "NEITHER",
     "ApnsProvider",
     "ApnsSettings",
     "FcmProvider",
     "FcmSettings",
     "InvalidDeviceToken",
     "JobIds",
+    "LooksUp",
     "NotStartedInTime",
     "Notification",
     "PermanentProviderError",
@@ -61,10 +76,15 @@ __all__ = [
     "Push",
     "RecordedSend",
     "RecordingProvider",
+    "Recovery",
+    "RecoveryKind",
     "SendIds",
+    "Sender",
     "Target",
+    "TargetGone",
     "TransientProviderError",
     "UnknownOutcomeError",
     "job_ids",
+    "replays_within",
     "send_ids",
 ]

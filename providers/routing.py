@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from providers.ids import SendIds
-from providers.provider import Provider, ProviderReceipt
+from providers.provider import NEITHER, Provider, ProviderReceipt
 from providers.push import Platform, Push
 
 
@@ -11,6 +11,7 @@ class PlatformRouter:
     """A `Provider` that hands iOS pushes to `apns` and Android and web pushes to `fcm`."""
 
     name = "router"
+    recovery = NEITHER
 
     def __init__(self, *, apns: Provider, fcm: Provider) -> None:
         self.apns = apns
@@ -21,8 +22,14 @@ class PlatformRouter:
     def max_in_flight(self) -> int:
         return self.apns.max_in_flight + self.fcm.max_in_flight
 
-    def provider_for(self, platform: Platform) -> Provider:
-        return self.apns if platform is Platform.IOS else self.fcm
+    @property
+    def senders(self) -> tuple[Provider, ...]:
+        """The providers inside, each once."""
+        return (self.apns, self.fcm)
+
+    def provider_for(self, platform: str) -> Provider:
+        """The provider of a target's platform (a `Platform`, or a ledger row's channel)."""
+        return self.apns if platform == Platform.IOS else self.fcm
 
     async def send(
         self, push: Push, ids: SendIds, *, deadline: float | None = None

@@ -3,13 +3,13 @@
 The worker's own steps decide, in the worker's order, so a dry run and the
 worker cannot disagree; nothing here restates a decode rule:
 
-1. the copy a replay would publish, decoded by the worker's `decode`
-   (`consumers.message.envelope`) with the worker's IW_MAX_BODY_BYTES:
+1. the copy a replay would publish (`consumers.commands.copies`), decoded
+   by the worker's `decode` (`consumers.message.envelope`), IW_MAX_BODY_BYTES:
    bad input                                                    dead-lettered again, with
                                                                 its reason (invalid_json...)
-2. a letter dead-lettered as invalid_push_job (so by a push       dead-lettered again as
-   queue's worker) whose body `parse_push_job` still refuses     invalid_push_job: the parser's
-                                                                message says why
+2. a letter dead-lettered as invalid_<kind>_job (so by the      dead-lettered again as
+   worker of a queue of that kind of effect) whose body the     invalid_<kind>_job: the parser's
+   kind's own `parse` still refuses                             message says why
 3. its key claimed (`Claims`) with this body's fingerprint       a duplicate: a no-op
    its key claimed with another fingerprint                      dead-lettered again as
                                                                 message_id_reused
@@ -20,8 +20,9 @@ copy first, then reads the claims of the keys that decode in one query (a
 key that does not decode, NUL in it say, was never claimed).
 
 Without the app, the default fingerprint stands in for a consumer's own
-(`fingerprint=`), and no other push job than one dead-lettered as
-invalid_push_job is parsed; the notes say so where it matters.
+(`fingerprint=`), a job is parsed again only when it was dead-lettered as
+invalid_<kind>_job, and only by a kind the framework ships (push): an app's
+own kinds (webhook, e-mail...) are known to its workers alone.
 """
 
 from __future__ import annotations
@@ -29,10 +30,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from consumers.jobs.kind import InvalidJob, invalid_job_reason
+from consumers.jobs.push import PUSH
 from consumers.message.envelope import BadInput, Envelope, Incoming, decode
 from consumers.message.verdict import REUSED
-from consumers.push.job import INVALID_PUSH_JOB, InvalidPushJob, parse_push_job
 from dedupe import ClaimRow
+
+# The kinds of effect the framework ships, by the reason a job of theirs that
+# does not parse is dead-lettered with.
+PARSERS = {invalid_job_reason(kind.name): kind for kind in (PUSH,)}
 
 
 class Fate(StrEnum):
@@ -62,11 +68,12 @@ def decoded(
             reason=str(envelope),
             why="the worker's decode refuses it as it stands",
         )
-    if dead_lettered_as == INVALID_PUSH_JOB:  # 2.
+    kind = PARSERS.get(dead_lettered_as)  # 2.
+    if kind is not None:
         try:
-            parse_push_job(envelope.body)
-        except InvalidPushJob as exc:
-            return Foretold(fate=Fate.DEAD_LETTER, reason=INVALID_PUSH_JOB, why=str(exc))
+            kind.parse(envelope.body)
+        except InvalidJob as exc:
+            return Foretold(fate=Fate.DEAD_LETTER, reason=dead_lettered_as, why=str(exc))
     return envelope
 
 

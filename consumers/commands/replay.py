@@ -11,7 +11,7 @@ For each dead letter read (in queue order), in this order:
                                                                could apply it a second time
 5. `--dry-run`: what the worker would do with the copy          would_dead_letter_again (with
    (`consumers.commands.dry_run`, the worker's own decode and   `again`, the reason: invalid_json,
-   push job parser): dead-letter it again                       message_id_reused...)
+   job parser): dead-letter it again                            message_id_reused...)
                      ack it as a duplicate (its key claimed     would_be_duplicate
                      with this body's fingerprint)
                      run it                                     would_replay
@@ -37,10 +37,11 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Protocol
 
 import aio_pika
 
+from consumers.commands.copies import replayed_copy
 from consumers.commands.deadletters import (
     DeadLetter,
     NoSuchQueue,
@@ -49,17 +50,10 @@ from consumers.commands.deadletters import (
 )
 from consumers.commands.dry_run import Fate, Foretold, decoded, judged
 from consumers.handlers.retry import dead_letter_queue
-from consumers.message.envelope import ATTEMPT_HEADER, REASON_HEADER, Envelope, is_text
-from consumers.pipeline.settle import ERROR_HEADER, QUEUE_HEADER
+from consumers.message.envelope import Envelope, is_text
 from consumers.settings import MAX_BODY_BYTES
+from consumers.telemetry.tracing import Span, SpanKind, tracing
 from dedupe import ClaimRow, DbConnection, claims, fingerprint
-
-# The framework's own headers, set again if the message fails again; the
-# first dead-letter date (x-dead-lettered-at) is kept on purpose.
-_DROPPED_HEADERS = frozenset(
-    {REASON_HEADER, ERROR_HEADER, ATTEMPT_HEADER, QUEUE_HEADER, "x-death", "x-delivery-count"}
-)
-_DROPPED_PREFIXES = ("x-first-death-", "x-last-death-")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,14 +226,17 @@ async def _replay_one(
         )
     if dry_run:
         return Replayed(letter=letter, outcome=Outcome.WOULD_REPLAY)
+    copy = replayed_copy(message)
+    span = _replay_span(queue, letter, copy)
     try:
-        await channel.default_exchange.publish(
-            replayed_copy(message), routing_key=queue, mandatory=True
-        )
+        await channel.default_exchange.publish(copy, routing_key=queue, mandatory=True)
     except aio_pika.exceptions.ChannelInvalidStateError:
         raise  # the channel is gone: nothing after this can be replayed either
     except Exception as exc:  # this message only: report it, go on with the next
         return Replayed(letter=letter, outcome=Outcome.SKIPPED, why=f"publish failed: {exc!r}")
+    finally:
+        if span is not None:
+            span.end()
     await message.ack()  # only after the broker confirmed the replay
     return Replayed(letter=letter, outcome=Outcome.REPLAYED)
 
@@ -274,21 +271,25 @@ def same_body(claim: ClaimRow, body: bytes) -> bool:
         return False
 
 
-def replayed_copy(message: aio_pika.abc.AbstractIncomingMessage) -> aio_pika.Message:
-    """The message a replay publishes: the framework's own headers dropped, the rest kept."""
-    headers: dict[str, Any] = {
-        name: value
-        for name, value in (message.headers or {}).items()
-        if name not in _DROPPED_HEADERS and not name.startswith(_DROPPED_PREFIXES)
-    }
-    return aio_pika.Message(
-        message.body,
-        headers=headers,
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        message_id=message.message_id,
-        correlation_id=message.correlation_id,
-        type=message.type,
-        timestamp=message.timestamp,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+def _replay_span(queue: str, letter: DeadLetter, copy: aio_pika.Message) -> Span | None:
+    """With tracing on: a "replay <queue>" PRODUCER span linked to the dead letter's own
+    trace (its publisher's `traceparent`, kept as it came); the replayed copy carries
+    the replay's context, so its processing joins the replay's trace."""
+    traces = tracing()
+    if not traces.on:
+        return None
+    original = letter.message.headers or {}
+    span = traces.span(
+        f"replay {queue}",
+        SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": "rabbitmq",
+            "messaging.destination.name": queue,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "replay",
+            "messaging.message.id": letter.message_id or "",
+        },
+        links=[original],
     )
+    copy.headers = {**(copy.headers or {}), **traces.headers(span)}
+    return span

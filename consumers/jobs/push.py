@@ -11,7 +11,11 @@
 
 `push_job_body()` builds it on the publisher side. A job that does not parse
 is dead-lettered as `invalid_push_job` with the reason in `x-error`. The send
-API calls `parse_push_job` too, so what it answers 202 the worker attempts:
+API calls `parse_push_job` too, so what it answers 202 the worker attempts.
+`PUSH` is the kind the send ledger's runner reads push jobs through
+(`consumers.jobs.kind`): a job's devices are its recipients, in its order.
+
+The rules a job must meet:
 
 - no NUL (U+0000) in any text: PostgreSQL's text, where tokens and reasons
   are recorded, cannot hold it;
@@ -27,15 +31,19 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
+import asyncpg
+
+from consumers.jobs.kind import DeadTarget, InvalidJob, Recipient
 from consumers.message.envelope import loads_json
-from consumers.settings import MAX_BODY_BYTES
+from consumers.settings import MAX_BODY_BYTES, Settings
+from dedupe import DbConnection
 from providers import Notification, Platform, Priority, Push, Target
 from providers.apns_wire import apns_body, payload_limit
 
-MAX_TARGETS = 500  # devices of one job (one AMQP message); more: consumers.push.parts
-MAX_AUDIENCE = 100_000  # devices of one send, split into parts (consumers.push.parts)
+MAX_TARGETS = 500  # devices of one job (one AMQP message); more: consumers.publishing.parts
+MAX_AUDIENCE = 100_000  # devices of one send, split into parts (consumers.publishing.parts)
 MAX_TOKEN_CHARS = 4096
 MAX_TTL_SECONDS = 2**31 - 1
 # A job is one AMQP message: at most what a worker decodes by default. The send
@@ -48,11 +56,7 @@ _TOKEN = re.compile(TOKEN_PATTERN)
 _HEADER_TEXT = re.compile(HEADER_TEXT_PATTERN)
 
 
-# The reason a job that does not parse is dead-lettered with.
-INVALID_PUSH_JOB = "invalid_push_job"
-
-
-class InvalidPushJob(ValueError):
+class InvalidPushJob(InvalidJob):
     """The body is not a push job; the message says which field is wrong."""
 
 
@@ -212,3 +216,38 @@ def parse_push_job(body: Mapping[str, Any], *, max_targets: int = MAX_TARGETS) -
 def _no_nul(value: str | None, field: str) -> None:
     if value is not None and "\x00" in value:
         raise InvalidPushJob(f"{field}: no NUL (U+0000) character")
+
+
+class PushKind:
+    """Push jobs as the send ledger's runner reads them (`consumers.jobs.kind`)."""
+
+    name = "push"
+
+    def bound(self, pool: asyncpg.Pool, settings: Settings) -> Self:
+        return self
+
+    def parse(self, body: Mapping[str, Any]) -> PushJob:
+        return parse_push_job(body)
+
+    def weigh(self, body: bytes, *, max_body_bytes: int) -> int:
+        return devices_named(body, max_body_bytes=max_body_bytes)
+
+    def collapse_key(self, job: PushJob) -> str | None:
+        return job.collapse_key
+
+    async def recipients(
+        self, tx: DbConnection, jobs: Sequence[tuple[str, PushJob]]
+    ) -> list[list[Recipient]]:
+        return [
+            [Recipient(channel=str(t.platform), address=t.token) for t in job.targets]
+            for _, job in jobs
+        ]
+
+    async def effect(self, job: PushJob, index: int, recipient: Recipient) -> Push:
+        return job.push_for(job.targets[index])
+
+    async def gone(self, tx: DbConnection, dead: DeadTarget) -> None:
+        """Nothing of ours: the app's `on_invalid_token` prunes the device."""
+
+
+PUSH = PushKind()
