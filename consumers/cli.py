@@ -28,7 +28,8 @@ from consumers.runtime.process import run_process
 from consumers.settings import Settings
 from consumers.telemetry.failed_start import app_not_loaded
 from consumers.telemetry.logs import configure_logging
-from consumers.telemetry.tracing import configure_tracing, tracing
+from consumers.telemetry.tracing import tracing
+from consumers.telemetry.tracing_setup import configure_tracing
 from dedupe import DedupeError, migrate
 
 log = structlog.get_logger(__name__)

@@ -21,15 +21,16 @@ import pytest
 
 from consumers import App, Relay, Settings
 from consumers.settings import TracingSettings
-from consumers.telemetry.tracing import configure_tracing, tracing
+from consumers.telemetry.tracing import tracing
+from consumers.telemetry.tracing_setup import configure_tracing
 from ingress.settings import IngressSettings
 from providers.fakes.apns import FakeApns
 from providers.fakes.fcm import FakeFcm
+from proving.otlp import ExportedSpan, OtlpReceiver, start_receiver
 from tests.apps.effects import FAST_RETRY, record
 from tests.conftest import AMQP_URL, DATABASE_URL
 from tests.harness import Harness
 from tests.ingress_support import Served, serve_in_process
-from tests.otlp import ExportedSpan, OtlpReceiver, start_receiver
 from tests.support import ROOT, WorkerProcess, wait_consumers, wait_for
 from tests.test_push import push_app
 

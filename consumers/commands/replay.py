@@ -64,6 +64,7 @@ class Selection:
     message_id: str | None = None
     tenant: str | None = None  # "" selects the messages without a tenant
     since: datetime.datetime | None = None  # first dead-lettered at or after
+    digest: str | None = None  # `DeadLetter.digest`: one dead letter, with or without an id
     limit: int = 100
 
     def matches(self, letter: DeadLetter) -> bool:
@@ -72,6 +73,8 @@ class Selection:
         if self.message_id is not None and letter.message_id != self.message_id:
             return False
         if self.tenant is not None and letter.tenant != self.tenant:
+            return False
+        if self.digest is not None and letter.digest != self.digest:
             return False
         if self.since is not None:
             return letter.dead_lettered_at is not None and letter.dead_lettered_at >= self.since

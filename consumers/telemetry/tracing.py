@@ -25,8 +25,9 @@ W3C Trace Context crosses every hop of a send:
 
 A retry or a dead letter is republished with the headers it came with, so the
 publisher's `traceparent` stays as it came; a replay's span links to it.
-`configure_tracing` is called once per process by the CLI, like
-`configure_logging`; `shutdown` flushes the spans when the process stops.
+`configure_tracing` (`consumers.telemetry.tracing_setup`) is called once per
+process by the CLI, like `configure_logging`; `shutdown` flushes the spans when
+the process stops.
 """
 
 from __future__ import annotations
@@ -34,15 +35,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-import structlog
 from structlog.typing import EventDict, WrappedLogger
-
-if TYPE_CHECKING:
-    from consumers.settings import TracingSettings
-
-log = structlog.get_logger(__name__)
 
 TRACE_HEADERS = ("traceparent", "tracestate")
 Attributes = Mapping[str, str | int | float | bool]
@@ -118,17 +113,11 @@ def tracing() -> Tracing:
     return _process
 
 
-def configure_tracing(settings: TracingSettings) -> Tracing:
-    """Set the process's tracing from `settings` (read from the OTEL_* variables)."""
+def install(traces: Tracing) -> Tracing:
+    """Make `traces` the process's tracing (`consumers.telemetry.tracing_setup` does)."""
     global _process
-    if not settings.enabled:
-        _process = NO_TRACING
-        return _process
-    from consumers.telemetry.otel import OtelTracing  # the `tracing` extra: only when on
-
-    _process = OtelTracing.from_sdk(settings)
-    log.info("tracing_on", exporter=settings.exporter, protocol=settings.protocol)
-    return _process
+    _process = traces
+    return traces
 
 
 def add_trace_ids(logger: WrappedLogger, name: str, event_dict: EventDict) -> EventDict:

@@ -3,7 +3,9 @@
 `POST /v1/traces` with an `ExportTraceServiceRequest` (protobuf, gzip or not);
 every span is kept as an `ExportedSpan` with its resource's service name. The
 server is the standard library's (`http.server`), on a thread of its own, so a
-worker in this process and one in a child process export to it alike.
+worker in this process and one in a child process export to it alike. The
+tests read what arrives; the tracing bench (`proving.bench.tracing`) starts one
+with `decode=False`, a sink that only counts, so it costs the machine little.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class ExportedSpan:
     attributes: dict[str, Any]
     links: tuple[tuple[str, str], ...]  # (trace_id, span_id)
     error: bool
+    start_ns: int = 0
+    end_ns: int = 0
 
 
 def _value(value: AnyValue) -> Any:
@@ -44,8 +48,10 @@ def _value(value: AnyValue) -> Any:
 @dataclass(slots=True)
 class OtlpReceiver:
     server: ThreadingHTTPServer
+    decode: bool = True
     spans: list[ExportedSpan] = field(default_factory=list)
     requests: int = 0
+    received_bytes: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -62,6 +68,11 @@ class OtlpReceiver:
             return [s for s in self.spans if s.name == name]
 
     def keep(self, body: bytes) -> None:
+        if not self.decode:
+            with self.lock:
+                self.requests += 1
+                self.received_bytes += len(body)
+            return
         request = ExportTraceServiceRequest()
         request.ParseFromString(body)
         found = []
@@ -87,6 +98,8 @@ class OtlpReceiver:
                             attributes={a.key: _value(a.value) for a in span.attributes},
                             links=tuple((k.trace_id.hex(), k.span_id.hex()) for k in span.links),
                             error=span.status.code == 2,
+                            start_ns=span.start_time_unix_nano,
+                            end_ns=span.end_time_unix_nano,
                         )
                     )
         with self.lock:
@@ -94,14 +107,14 @@ class OtlpReceiver:
             self.requests += 1
 
 
-def start_receiver(host: str = "127.0.0.1", port: int = 0) -> OtlpReceiver:
+def start_receiver(host: str = "127.0.0.1", port: int = 0, *, decode: bool = True) -> OtlpReceiver:
     """A receiver listening on `host:port` (0: a free port), serving on a daemon thread."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
             body = self.rfile.read(length)
-            if self.headers.get("Content-Encoding") == "gzip":
+            if self.headers.get("Content-Encoding") == "gzip" and receiver.decode:
                 body = gzip.decompress(body)
             receiver.keep(body)
             answer = ExportTraceServiceResponse().SerializeToString()
@@ -115,6 +128,6 @@ def start_receiver(host: str = "127.0.0.1", port: int = 0) -> OtlpReceiver:
             pass
 
     server = ThreadingHTTPServer((host, port), Handler)
-    receiver = OtlpReceiver(server=server)
+    receiver = OtlpReceiver(server=server, decode=decode)
     threading.Thread(target=server.serve_forever, name="otlp-receiver", daemon=True).start()
     return receiver
