@@ -81,6 +81,8 @@ def readable_body(body: bytes) -> str:
         text = json.dumps(json.loads(body), indent=2, ensure_ascii=False)
     except (ValueError, RecursionError):  # RecursionError: `json_too_deep`, say
         return printable(body, keep_lines=True)
+    if text.replace("\n", "").isprintable():  # the common case, without a walk
+        return text
     return "".join(char if char == "\n" or is_safe(char) else _json_escape(char) for char in text)
 
 
