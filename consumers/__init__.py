@@ -8,9 +8,10 @@ a public face of its own, as structlog's `testing` is.
 """
 
 from consumers.effects.circuit import CircuitState, CircuitView
-from consumers.handlers.app import App, load_app
+from consumers.handlers.app import App
 from consumers.handlers.context import Batch, Context
 from consumers.handlers.faults import NO_FAULTS, CrashPoint, Faults, NoFaults
+from consumers.handlers.loading import AppNotLoaded, AppProblem, load_app
 from consumers.handlers.retry import RetryPolicy, dead_letter_queue, tier_queue
 from consumers.handlers.spec import (
     BatchHandler,
@@ -68,6 +69,8 @@ __all__ = [
     "TENANT_HEADER",
     "AmqpSettings",
     "App",
+    "AppNotLoaded",
+    "AppProblem",
     "BadInput",
     "Batch",
     "BatchHandler",

@@ -188,17 +188,3 @@ def _positive(timeout: float | None) -> float | None:
     if timeout is not None and not timeout > 0:
         raise ConfigurationError(f"a handler timeout must be positive, got {timeout!r}")
     return timeout
-
-
-def load_app(target: str) -> App:
-    """Import `module:attribute` and return the App found there."""
-    import importlib
-
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise ConfigurationError(f"expected MODULE:APP, got {target!r}")
-    module = importlib.import_module(module_name)
-    app: Any = getattr(module, attribute, None)
-    if not isinstance(app, App):
-        raise ConfigurationError(f"{target!r} is not an idempotent-workers App")
-    return app
