@@ -1,7 +1,8 @@
-"""External senders: the Provider seam, APNs and FCM, their errors, and stable send ids.
+"""External senders: the Provider seam, APNs, FCM and Web Push, their errors, stable send ids.
 
-`providers.fakes` holds local fake APNs and FCM servers for tests and demos.
-The APNs and FCM names load on first use, so the rest works without the `push` extra.
+`providers.fakes` holds local fake APNs, FCM and Web Push servers for tests and demos.
+The APNs, FCM and Web Push senders load on first use, so the rest (the values, the
+subscription check) works without the `push` extra.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -17,19 +18,23 @@ from providers.errors import (
 )
 from providers.ids import JobIds, SendIds, job_ids, send_ids
 from providers.provider import Provider, ProviderReceipt
-from providers.push import Notification, Platform, Priority, Push, Target
+from providers.push import Notification, Platform, Priority, Push, Target, WebPushKeys
 from providers.recording import RecordedSend, RecordingProvider
 from providers.routing import PlatformRouter
+from providers.webpush_subscription import SubscriptionProblem, subscription_problem
 
 if TYPE_CHECKING:
     from providers.apns import ApnsProvider, ApnsSettings
     from providers.fcm import FcmProvider, FcmSettings
+    from providers.webpush import WebPushProvider, WebPushSettings
 
 _LAZY = {
     "ApnsProvider": "providers.apns",
     "ApnsSettings": "providers.apns",
     "FcmProvider": "providers.fcm",
     "FcmSettings": "providers.fcm",
+    "WebPushProvider": "providers.webpush",
+    "WebPushSettings": "providers.webpush",
 }
 
 
@@ -62,9 +67,14 @@ __all__ = [
     "RecordedSend",
     "RecordingProvider",
     "SendIds",
+    "SubscriptionProblem",
     "Target",
     "TransientProviderError",
     "UnknownOutcomeError",
+    "WebPushKeys",
+    "WebPushProvider",
+    "WebPushSettings",
     "job_ids",
     "send_ids",
+    "subscription_problem",
 ]

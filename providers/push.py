@@ -8,7 +8,8 @@ from enum import StrEnum
 
 
 class Platform(StrEnum):
-    """Where the device token comes from: iOS tokens go to APNs, the others to FCM."""
+    """Where the device is: iOS tokens go to APNs, Android tokens to FCM; a web target is
+    a Web Push subscription (endpoint and keys: Web Push) or an FCM web token (FCM)."""
 
     IOS = "ios"
     ANDROID = "android"
@@ -23,11 +24,31 @@ class Priority(StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WebPushKeys:
+    """A browser's Web Push subscription keys, base64url as `PushSubscription.toJSON()`
+    gives them: `p256dh` (its P-256 public key, 65 bytes) and `auth` (16 bytes)."""
+
+    p256dh: str
+    auth: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
-    """One device: its platform and its push token."""
+    """One device: its platform and its push token.
+
+    A Web Push subscription is a web target whose `token` is the subscription's
+    endpoint URL and whose `keys` are its encryption keys; a web target without
+    keys is an FCM web registration token, sent through FCM as before.
+    """
 
     platform: Platform
     token: str
+    keys: WebPushKeys | None = None
+
+    @property
+    def is_webpush(self) -> bool:
+        """A Web Push subscription (endpoint and keys), sent to its push service directly."""
+        return self.keys is not None and self.platform is Platform.WEB
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -79,7 +79,7 @@ async def test_the_least_lease_a_worker_accepts_is_one_under_which_sends_start(
         apns=ApnsProvider(fake_apns.settings(timeout_seconds=timeout)),
         fcm=FcmProvider(fake_fcm.settings(timeout_seconds=timeout)),
     )
-    needed = router.provider_for(platform).answer_seconds
+    needed = router.provider_for(Target(platform=platform, token="t")).answer_seconds
     least = max(needed, router.answer_seconds) / (usable_seconds(1.0))
     with pytest.raises(LeaseTooShort, match="lease_seconds"):
         check_lease(harness.queue, least * 0.99, router)

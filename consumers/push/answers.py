@@ -33,7 +33,6 @@ from providers import (
     InvalidDeviceToken,
     NotStartedInTime,
     PermanentProviderError,
-    Platform,
     PlatformRouter,
     Provider,
     ProviderConfigurationError,
@@ -172,10 +171,10 @@ def metric_outcomes(recorded: Iterable[Answered]) -> dict[str, dict[str, int]]:
     return counts
 
 
-def provider_name(provider: Provider, platform: Platform) -> str:
-    """The name of the provider a target of `platform` goes to (a router's own, inside)."""
+def provider_name(provider: Provider, device: Target) -> str:
+    """The name of the provider `device` goes to (a router's own, inside)."""
     if isinstance(provider, PlatformRouter):
-        return provider.provider_for(platform).name
+        return provider.provider_for(device).name
     return provider.name
 
 

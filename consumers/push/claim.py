@@ -231,5 +231,5 @@ def new_send(
         target=TargetKey(key=item.envelope.key, target_index=index),
         device=device,
         ids=ids if ids is not None else progress.ids.for_token(device.token),
-        provider=provider_name(provider, device.platform),
+        provider=provider_name(provider, device),
     )

@@ -59,7 +59,7 @@ def check_lease(queue: str, lease_seconds: float, provider: Provider) -> None:
 
     The rule the sends follow (`Lease.answer_by()` less the provider's
     `answer_seconds`, with renewals on time), checked once for each provider."""
-    inner = [provider.apns, provider.fcm] if isinstance(provider, PlatformRouter) else [provider]
+    inner = list(provider.providers) if isinstance(provider, PlatformRouter) else [provider]
     usable = usable_seconds(lease_seconds)
     for one in inner:
         if usable < one.answer_seconds:

@@ -130,7 +130,9 @@ class PushRunner:
         for item in decoded.pending:
             assert item.envelope is not None
             try:
-                jobs[item] = parse_push_job(item.envelope.body)
+                jobs[item] = parse_push_job(
+                    item.envelope.body, allow_hosts=self.settings.webpush_allow_hosts
+                )
             except InvalidPushJob as exc:
                 decided.append((item, dead("invalid_push_job", error=str(exc))))
         try:

@@ -44,10 +44,10 @@ from dedupe import DedupeKey, SendRow, SendStatus
 from providers import (
     JobIds,
     NotStartedInTime,
-    Platform,
     PlatformRouter,
     Provider,
     ProviderReceipt,
+    Target,
     UnknownOutcomeError,
 )
 
@@ -96,10 +96,10 @@ def takeable(rows: Sequence[SendRow]) -> int:
     )
 
 
-def sub_provider(provider: Provider, platform: Platform) -> Provider:
-    """The provider a target of `platform` goes to (a router's own, inside)."""
+def sub_provider(provider: Provider, device: Target) -> Provider:
+    """The provider `device` goes to (a router's own, inside)."""
     if isinstance(provider, PlatformRouter):
-        return provider.provider_for(platform)
+        return provider.provider_for(device)
     return provider
 
 
@@ -232,7 +232,7 @@ class Fanout:
 
     async def _send(self, send: Send) -> None:
         cancelled: asyncio.CancelledError | None = None
-        target = sub_provider(self.provider, send.device.platform)
+        target = sub_provider(self.provider, send.device)
         try:
             async with self.gate.slot(target):
                 answer = await self._attempt(send, target)
