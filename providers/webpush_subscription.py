@@ -43,7 +43,7 @@ P256DH_BYTES = 65  # an uncompressed P-256 point
 AUTH_BYTES = 16
 SPECIAL_USE_NAMES = ("localhost", "local", "internal", "home.arpa", "invalid", "test", "alt")
 
-_URL_CHARS = re.compile(r"[A-Za-z0-9\-._~:/?\[\]@!$&'()*+,;=%]+")
+_URL_CHARS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")
 _LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _BASE64URL = re.compile(r"[A-Za-z0-9_-]+={0,2}")
 # P-256 (SEC 2, 2.4.2): y^2 = x^3 - 3x + b over GF(p). A point on it is a key
