@@ -3,8 +3,9 @@
 The same tests run against `RecordingProvider` (the stub users test with),
 `ApnsProvider` through aioapns to the fake APNs, `FcmProvider` through
 pyfcm to the fake FCM, and `WebPushProvider` through pywebpush to the fake push
-service (which verifies the VAPID JWT and decrypts every request). A stub that answers differently from the real thing
-would make users' tests lie; this suite is where that would show.
+service (which verifies the VAPID JWT and decrypts every request). A stub
+that answers differently from the real thing would make users' tests lie;
+this suite is where that would show.
 
 The promises: one call is one attempt (exactly one request per send, never
 a resend of its own); a receipt names the provider and its message id; an
