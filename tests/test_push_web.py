@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import structlog
@@ -17,13 +18,23 @@ from dedupe import DbConnection
 from providers import (
     ApnsProvider,
     FcmProvider,
+    Notification,
     Platform,
     PlatformRouter,
     Provider,
+    Push,
     Target,
     WebPushProvider,
+    send_ids,
 )
-from providers.fakes import FakeApns, FakeFcm, FakeWebPush
+from providers.fakes import (
+    FakeApns,
+    FakeFcm,
+    FakeWebPush,
+    collapse_ids_sent,
+    fakes_env,
+    router_from_env,
+)
 from tests.apps.push_app import FAST_RETRY
 from tests.harness import Harness
 from tests.support import wait_for
@@ -229,3 +240,25 @@ async def test_a_refused_vapid_key_pauses_web_push_alone(
     assert failed == 0
     assert len(fake_webpush.requests_for(browser)) == 2  # the refused one, then the probe
     assert len(fake_fcm.requests_for(ANDROID.token)) == 1
+
+
+async def test_the_fakes_environment_reaches_the_fake_push_service(
+    tmp_path: Path, fake_apns: FakeApns, fake_fcm: FakeFcm, fake_webpush: FakeWebPush
+) -> None:
+    """What the demo and chaos hand their worker processes: variables, read back."""
+    env = fakes_env(fake_apns, fake_fcm, tmp_path, "T_", webpush=fake_webpush)
+    assert Settings.from_env(env).worker.webpush_allow_hosts == LOCAL
+    router = router_from_env(env, "T_", timeout_seconds=2.0)
+    browser = fake_webpush.subscribe("browser")
+    push = Push(target=browser.target, notification=Notification(title="Hi"))
+    receipt = await router.send(push, send_ids("job", browser.endpoint))
+    await router.aclose()
+    assert receipt.provider == "webpush"
+    assert collapse_ids_sent(fake_apns, fake_fcm, fake_webpush) == [
+        (browser.endpoint, send_ids("job", browser.endpoint).webpush_topic)
+    ]
+    without = router_from_env(
+        fakes_env(fake_apns, fake_fcm, tmp_path, "U_"), "U_", timeout_seconds=2.0
+    )
+    assert without.webpush.name == "webpush" and not isinstance(without.webpush, WebPushProvider)
+    await without.aclose()

@@ -93,6 +93,7 @@ class WebPushRequest:
     """One request that passed the checks: its headers, VAPID claims and plain text."""
 
     subscription: str  # its name
+    endpoint: str
     topic: str | None
     ttl: int
     urgency: str | None
@@ -193,9 +194,14 @@ class FakeWebPush:
             "vapid_private_key": self.vapid_private_key,
             "subject": self.subject,
             "ca_file": str(self.ca_file),
-            "allow_hosts": frozenset({"127.0.0.1"}),
         }
-        return WebPushSettings(**(values | overrides))
+        return self.sender_settings(**(values | overrides))
+
+    @staticmethod
+    def sender_settings(**values: Any) -> WebPushSettings:
+        """Settings for a sender to a fake on 127.0.0.1 (its host allowed), from a worker
+        process that has the fake's key and CA but not the fake itself."""
+        return WebPushSettings(**({"allow_hosts": frozenset({"127.0.0.1"})} | values))
 
     def subscribe(
         self, name: str, *, application_server_key: str | None = None
@@ -282,6 +288,7 @@ class FakeWebPush:
         self.requests.append(
             WebPushRequest(
                 subscription=sub.name,
+                endpoint=sub.endpoint,
                 topic=topic,
                 ttl=int(request.headers["TTL"]),
                 urgency=request.headers.get("Urgency"),
