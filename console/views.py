@@ -20,7 +20,7 @@ from console.escape import shown_body
 from consumers.commands.deadletters import DeadLetter, read_dead_letters
 from consumers.commands.replay import same_body
 from consumers.handlers.retry import dead_letter_queue
-from consumers.push.answers import redact
+from consumers.jobs.kind import shown_address
 from dedupe import KeyRecord
 
 
@@ -143,8 +143,11 @@ def shown_copy(letter: DeadLetter, record: KeyRecord) -> ShownCopy:
 
 
 def shown_sends(record: KeyRecord) -> list[dict[str, object]]:
-    """The ledger's rows with each device token cut short."""
-    return [{**row, "token": redact(str(row.get("token") or ""))} for row in record.sends]
+    """The ledger's rows with each device token (and e-mail address) cut short."""
+    return [
+        {**row, "address": shown_address(str(row.get("channel")), str(row.get("address") or ""))}
+        for row in record.sends
+    ]
 
 
 def header_rows(headers: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, object]]:

@@ -2,22 +2,25 @@
 
 Everything a user, a test or a tool of ours needs is imported here and listed
 in `__all__`; the subpackages (message, handlers, pipeline, push, publishing,
-broker, retention, telemetry, runtime, commands) are the inside, free to change.
+broker, retention, telemetry, runtime, commands, jobs, effects) are the inside,
+free to change.
 """
 
+from consumers.effects.circuit import CircuitState, CircuitView
 from consumers.handlers.app import App, load_app
 from consumers.handlers.context import Batch, Context
 from consumers.handlers.faults import NO_FAULTS, CrashPoint, Faults, NoFaults
 from consumers.handlers.retry import RetryPolicy, dead_letter_queue, tier_queue
 from consumers.handlers.spec import (
     BatchHandler,
-    DeadToken,
+    EffectSpec,
     HandlerSpec,
     InvalidTokenHook,
     MessageHandler,
     ProviderFactory,
-    PushSpec,
 )
+from consumers.jobs.kind import DeadTarget, EffectKind, InvalidJob, Recipient
+from consumers.jobs.push import PUSH, InvalidPushJob, PushJob, parse_push_job, push_job_body
 from consumers.message.decisions import (
     ConfigurationError,
     ConsumersError,
@@ -32,6 +35,7 @@ from consumers.message.envelope import (
     BadInput,
     Envelope,
 )
+from consumers.publishing.parts import JobPart, publish_push_job, push_job_parts
 from consumers.publishing.publisher import (
     Job,
     NotConfirmed,
@@ -42,9 +46,6 @@ from consumers.publishing.publisher import (
     job_message,
 )
 from consumers.publishing.relay import Relay
-from consumers.push.circuit import CircuitState, CircuitView
-from consumers.push.job import InvalidPushJob, PushJob, parse_push_job, push_job_body
-from consumers.push.parts import JobPart, publish_push_job, push_job_parts
 from consumers.runtime.worker import Worker
 from consumers.settings import (
     AmqpSettings,
@@ -61,6 +62,7 @@ from dedupe import UnknownOutcome
 __all__ = [
     "ATTEMPT_HEADER",
     "NO_FAULTS",
+    "PUSH",
     "REASON_HEADER",
     "TENANT_HEADER",
     "AmqpSettings",
@@ -75,11 +77,14 @@ __all__ = [
     "Context",
     "CrashPoint",
     "DatabaseSettings",
-    "DeadToken",
+    "DeadTarget",
+    "EffectKind",
+    "EffectSpec",
     "Envelope",
     "Faults",
     "HandlerDecision",
     "HandlerSpec",
+    "InvalidJob",
     "InvalidPushJob",
     "InvalidTokenHook",
     "Job",
@@ -92,8 +97,8 @@ __all__ = [
     "PublisherError",
     "PublisherSettings",
     "PushJob",
-    "PushSpec",
     "QueueType",
+    "Recipient",
     "Reject",
     "Relay",
     "RelaySettings",

@@ -130,7 +130,7 @@ class Messages:
         self.schema = schema
         self._keys = f"{q}.ingress_idempotency_keys"
         self._messages = f"{q}.ingress_messages"
-        self._sends = f"{q}.outbound_sends"
+        self._sends = f"{q}.send_ledger"
         # One row per input row, in input order: (won, stored fingerprint, id): the new
         # id if won, else the stored fingerprint and id (NULL if the snapshot missed them).
         self._accept_sql = (
@@ -262,7 +262,7 @@ class Messages:
             part = {part_id: k for k, part_id in enumerate(ids)}
             sends = {}
             for r in await conn.fetch(
-                "SELECT message_id, target_index, status, platform, provider_message_id,"
+                "SELECT message_id, target_index, status, channel, provider_message_id,"
                 f" failure_reason{where}",
                 row[0],
                 tenant,

@@ -75,7 +75,7 @@ class Retention:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CleanupResult:
     processed_messages: int
-    outbound_sends: int
+    send_ledger: int
     batches: int = 0
     ingress_keys: int = 0
     ingress_messages: int = 0
@@ -84,8 +84,8 @@ class CleanupResult:
 
 def _sends_batch(q: str) -> str:
     return (
-        f"WITH gone AS (DELETE FROM {q}.outbound_sends WHERE ctid = ANY(ARRAY("
-        f" SELECT ctid FROM {q}.outbound_sends"
+        f"WITH gone AS (DELETE FROM {q}.send_ledger WHERE ctid = ANY(ARRAY("
+        f" SELECT ctid FROM {q}.send_ledger"
         "  WHERE created_at >= $1 AND created_at < $2 AND status IN ('sent', 'failed')"
         "  LIMIT $3)) RETURNING created_at)"
         " SELECT count(*)::int AS deleted, min(created_at) AS oldest FROM gone"
@@ -107,7 +107,7 @@ def _claims_batch(q: str) -> str:
         f"WITH gone AS (DELETE FROM {q}.processed_messages WHERE ctid = ANY(ARRAY("
         f" SELECT ctid FROM {q}.processed_messages p"
         "  WHERE processed_at >= $1 AND processed_at < $2"
-        f"  AND NOT EXISTS (SELECT 1 FROM {q}.outbound_sends o"
+        f"  AND NOT EXISTS (SELECT 1 FROM {q}.send_ledger o"
         "   WHERE (o.consumer, o.tenant, o.message_id) = (p.consumer, p.tenant, p.message_id))"
         "  LIMIT $3)) RETURNING processed_at)"
         " SELECT count(*)::int AS deleted, min(processed_at) AS oldest FROM gone"
@@ -198,7 +198,7 @@ async def _sweep(
 def _result(counts: dict[str, int]) -> CleanupResult:
     return CleanupResult(
         processed_messages=counts["claims"],
-        outbound_sends=counts["sends"],
+        send_ledger=counts["sends"],
         batches=counts["batches"],
         ingress_keys=counts["keys"],
         ingress_messages=counts["messages"],

@@ -1,4 +1,5 @@
-"""External senders: the Provider seam, APNs, FCM and Web Push, their errors, stable send ids.
+"""External senders: the Sender seam (and Provider, its push form), what a channel offers
+after a crash (Recovery), APNs, FCM and Web Push, their errors, and stable send ids.
 
 `providers.fakes` holds local fake APNs, FCM and Web Push servers for tests and demos.
 The APNs, FCM and Web Push senders load on first use, so the rest (the values, the
@@ -13,11 +14,22 @@ from providers.errors import (
     PermanentProviderError,
     ProviderConfigurationError,
     ProviderError,
+    TargetGone,
     TransientProviderError,
     UnknownOutcomeError,
 )
 from providers.ids import JobIds, SendIds, job_ids, send_ids
-from providers.provider import Provider, ProviderReceipt
+from providers.provider import (
+    LOOKUP_BY_KEY,
+    NEITHER,
+    LooksUp,
+    Provider,
+    ProviderReceipt,
+    Recovery,
+    RecoveryKind,
+    Sender,
+    replays_within,
+)
 from providers.push import Notification, Platform, Priority, Push, Target, WebPushKeys
 from providers.recording import RecordedSend, RecordingProvider
 from providers.routing import PlatformRouter
@@ -47,12 +59,15 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "LOOKUP_BY_KEY",
+    "NEITHER",
     "ApnsProvider",
     "ApnsSettings",
     "FcmProvider",
     "FcmSettings",
     "InvalidDeviceToken",
     "JobIds",
+    "LooksUp",
     "NotStartedInTime",
     "Notification",
     "PermanentProviderError",
@@ -66,15 +81,20 @@ __all__ = [
     "Push",
     "RecordedSend",
     "RecordingProvider",
+    "Recovery",
+    "RecoveryKind",
     "SendIds",
+    "Sender",
     "SubscriptionProblem",
     "Target",
+    "TargetGone",
     "TransientProviderError",
     "UnknownOutcomeError",
     "WebPushKeys",
     "WebPushProvider",
     "WebPushSettings",
     "job_ids",
+    "replays_within",
     "send_ids",
     "subscription_problem",
 ]

@@ -16,6 +16,11 @@ class Platform(StrEnum):
     WEB = "web"
 
 
+WEBPUSH_CHANNEL = "webpush"
+"""A Web Push subscription's channel (its ledger rows', its router's): a web target with
+a token alone is an FCM web token, channel `web`, as before subscriptions were taken."""
+
+
 class Priority(StrEnum):
     """Delivery urgency: APNs apns-priority 10/5, FCM android priority high/normal."""
 
@@ -49,6 +54,11 @@ class Target:
     def is_webpush(self) -> bool:
         """A Web Push subscription (endpoint and keys), sent to its push service directly."""
         return self.keys is not None and self.platform is Platform.WEB
+
+    @property
+    def channel(self) -> str:
+        """Which sender takes it: the platform, or `webpush` for a subscription."""
+        return WEBPUSH_CHANNEL if self.is_webpush else str(self.platform)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -53,7 +53,7 @@ from providers.errors import (
     UnknownOutcomeError,
 )
 from providers.ids import SendIds
-from providers.provider import ProviderReceipt
+from providers.provider import NEITHER, ProviderReceipt
 from providers.push import Push
 from providers.webpush_subscription import subscription_problem
 from providers.webpush_wire import (
@@ -133,6 +133,7 @@ class WebPushProvider:
     """Sends Web Push subscriptions' pushes to their push services, one POST per send."""
 
     name = "webpush"
+    recovery = NEITHER  # nothing to ask after a crash: the Topic is the backstop
 
     def __init__(self, settings: WebPushSettings) -> None:
         self.settings = settings

@@ -58,8 +58,8 @@ INTERNAL_IMPORTS_ALLOWED = {
     "consumers.telemetry.failed_start",
     "consumers.runtime.listening",
     "consumers.runtime.http_limits",
-    "consumers.push.job",
-    "consumers.push.parts",
+    "consumers.jobs.push",
+    "consumers.publishing.parts",
     "consumers.publishing.relay",
     "consumers.pipeline.settle",
     "consumers.pipeline.batch",  # the bench times a batch's phases (proving.bench.phases)

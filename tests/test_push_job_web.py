@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from consumers import InvalidPushJob, parse_push_job, push_job_body
-from consumers.push.parts import push_job_parts
+from consumers.publishing.parts import push_job_parts
 from dedupe import PART_TARGETS
 from providers import Platform, Target, WebPushKeys, subscription_problem
 from providers.webpush_wire import (

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from consumers import App, CircuitState, DeadToken, Settings, push_job_body
+from consumers import App, CircuitState, DeadTarget, Settings, push_job_body
 from dedupe import DbConnection
 from providers import (
     ApnsProvider,
@@ -75,9 +75,9 @@ def push_app(
             else WebPushProvider(fake_webpush.settings(timeout_seconds=5.0)),
         )
 
-    async def prune(tx: DbConnection, dead: DeadToken) -> None:
+    async def prune(tx: DbConnection, dead: DeadTarget) -> None:
         await tx.execute(
-            "INSERT INTO pruned_devices (token, reason) VALUES ($1, $2)", dead.token, dead.reason
+            "INSERT INTO pruned_devices (token, reason) VALUES ($1, $2)", dead.address, dead.reason
         )
 
     app.push_handler(
@@ -87,9 +87,7 @@ def push_app(
 
 
 async def settled(db: DbConnection, n: int) -> bool:
-    done = await db.fetchval(
-        "SELECT count(*) FROM outbound_sends WHERE status IN ('sent', 'failed')"
-    )
+    done = await db.fetchval("SELECT count(*) FROM send_ledger WHERE status IN ('sent', 'failed')")
     return bool(done >= n)
 
 
@@ -123,15 +121,15 @@ async def test_a_job_to_ios_android_and_web_reaches_each_once_and_a_redelivery_s
     assert web.payload["title"] == "Shipped" and web.payload["data"] == {"order": "1042"}
     assert fake_webpush.refusals == []
     rows = await pruned.fetch(
-        "SELECT platform, token, status, provider_message_id, collapse_id FROM outbound_sends"
+        "SELECT channel, address, status, provider_message_id, collapse_id FROM send_ledger"
         " ORDER BY target_index"
     )
-    assert [(r["platform"], r["status"]) for r in rows] == [
+    assert [(r["channel"], r["status"]) for r in rows] == [
         ("ios", "sent"),
         ("android", "sent"),
-        ("web", "sent"),
+        ("webpush", "sent"),
     ]
-    assert rows[2]["token"] == browser.endpoint
+    assert rows[2]["address"] == browser.endpoint
     assert rows[2]["provider_message_id"] == fake_webpush.pending(browser)[0].location
     # The job's collapse: APNs' collapse id is the dedupe key's readable hash; the
     # Topic is its own (32 URL-safe base64 characters), one per job.
@@ -206,10 +204,11 @@ async def test_without_a_webpush_provider_a_subscription_waits_and_the_rest_is_s
             await wait_for(lambda: settled(pruned, 1))
     [line] = [e for e in logs if e["event"] == "provider_paused"]
     assert "WebPushNotConfigured" in line["reason"]
-    statuses = await pruned.fetch(
-        "SELECT platform, status FROM outbound_sends ORDER BY target_index"
-    )
-    assert [(r["platform"], r["status"]) for r in statuses] == [("ios", "sent"), ("web", "claimed")]
+    statuses = await pruned.fetch("SELECT channel, status FROM send_ledger ORDER BY target_index")
+    assert [(r["channel"], r["status"]) for r in statuses] == [
+        ("ios", "sent"),
+        ("webpush", "claimed"),
+    ]
     assert len(fake_apns.requests_for(IOS.token)) == 1
     assert fake_webpush.requests == []
 
@@ -236,7 +235,7 @@ async def test_a_refused_vapid_key_pauses_web_push_alone(
     events = [e["event"] for e in logs]
     assert events.count("provider_paused") == 1 and events.count("provider_resumed") == 1
     assert [e["provider"] for e in logs if e["event"] == "provider_paused"] == ["webpush"]
-    failed = await pruned.fetchval("SELECT count(*) FROM outbound_sends WHERE status = 'failed'")
+    failed = await pruned.fetchval("SELECT count(*) FROM send_ledger WHERE status = 'failed'")
     assert failed == 0
     assert len(fake_webpush.requests_for(browser)) == 2  # the refused one, then the probe
     assert len(fake_fcm.requests_for(ANDROID.token)) == 1

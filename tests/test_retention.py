@@ -34,8 +34,8 @@ async def _seed(db: DbConnection) -> None:
         " VALUES ('p', '', 'push-old', '\\x00', now() - interval '8 days')"
     )
     await db.execute(
-        "INSERT INTO outbound_sends (consumer, tenant, message_id, target_index, platform, token,"
-        " apns_id, collapse_id, status, created_at) VALUES"
+        "INSERT INTO send_ledger (consumer, tenant, message_id, target_index, channel, address,"
+        " effect_id, collapse_id, status, created_at) VALUES"
         " ('p', '', 'push-old', 0, 'ios', 't0', gen_random_uuid(), 'c', 'sent',"
         "  now() - interval '8 days'),"
         " ('p', '', 'push-old', 1, 'ios', 't1', gen_random_uuid(), 'c', 'claimed',"
@@ -50,11 +50,11 @@ async def test_cleanup_deletes_expired_rows_in_batches_and_keeps_the_rest(
     seen = []
     result = await cleanup(db, schema, Retention(batch_size=10), progress=lambda r: seen.append(r))
     assert result.processed_messages == 25
-    assert result.outbound_sends == 1
+    assert result.send_ledger == 1
     assert len(seen) >= 3  # 25 claims at 10 a batch took several statements
     left = await db.fetch("SELECT message_id FROM processed_messages ORDER BY message_id")
     assert [r["message_id"] for r in left] == [f"new-{n}" for n in (1, 2, 3, 4, 5)] + ["push-old"]
-    statuses = await db.fetch("SELECT status FROM outbound_sends")
+    statuses = await db.fetch("SELECT status FROM send_ledger")
     assert [r["status"] for r in statuses] == ["claimed"]
 
 
@@ -102,7 +102,7 @@ async def test_cleanup_command_reports_what_it_deleted(db: DbConnection, schema:
     )
     assert done.returncode == 0, done.stderr
     assert (
-        f"cleanup: schema={schema} older_than=7.0d processed_messages=25 outbound_sends=1"
+        f"cleanup: schema={schema} older_than=7.0d processed_messages=25 send_ledger=1"
         " outbox=0 ingress_keys=3 ingress_messages=2"
     ) in done.stdout
 

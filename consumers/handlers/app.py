@@ -18,12 +18,14 @@ from consumers.handlers.faults import NO_FAULTS, Faults
 from consumers.handlers.retry import RetryPolicy
 from consumers.handlers.spec import (
     BatchHandler,
+    EffectSpec,
     HandlerSpec,
     InvalidTokenHook,
     MessageHandler,
     ProviderFactory,
-    PushSpec,
 )
+from consumers.jobs.kind import EffectKind
+from consumers.jobs.push import PUSH
 from consumers.message.decisions import ConfigurationError
 from consumers.message.envelope import Fingerprinter
 from dedupe import UnknownOutcome
@@ -113,7 +115,7 @@ class App:
         probe_seconds: float = 10.0,
         retry: RetryPolicy | None = None,
     ) -> None:
-        """Send the push jobs of `queue` (format: `consumers.push.job`) through `provider`.
+        """Send the push jobs of `queue` (format: `consumers.jobs.push`) through `provider`.
 
         `provider` is called once, inside the worker's event loop, to build the
         Provider (aioapns needs the running loop). `on_invalid_token(tx, dead)`
@@ -121,7 +123,39 @@ class App:
         `lease_seconds` must exceed the provider's own timeout: no send starts
         unless its answer is due before the lease ends. A provider that refuses
         our credentials is paused; `probe_seconds` later (doubling to a minute)
-        one send probes it (see `consumers.push.circuit`).
+        one send probes it (see `consumers.effects.circuit`).
+        """
+        self.effect_handler(
+            queue,
+            kind=PUSH,
+            provider=provider,
+            on_dead_target=on_invalid_token,
+            unknown_outcome=unknown_outcome,
+            lease_seconds=lease_seconds,
+            probe_seconds=probe_seconds,
+            retry=retry,
+        )
+
+    def effect_handler(
+        self,
+        queue: str,
+        *,
+        kind: EffectKind[Any],
+        provider: ProviderFactory,
+        on_dead_target: InvalidTokenHook | None = None,
+        unknown_outcome: UnknownOutcome = UnknownOutcome.RESEND,
+        lease_seconds: float = 30.0,
+        probe_seconds: float = 10.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        """Make the external effects the jobs of `queue` ask for, through the send ledger.
+
+        `kind` reads the jobs (`consumers.jobs`: push, webhook, email, an API's),
+        `provider` builds the sender once inside the worker's loop. Each target
+        is sent once, with stable ids, under a lease; what an unknown outcome
+        leads to follows what the channel offers (`providers.Recovery`), and
+        `unknown_outcome` for a channel that offers neither replay nor lookup.
+        `on_dead_target(tx, dead)` runs once per target the provider called dead.
         """
         if lease_seconds <= 0:
             raise ConfigurationError("lease_seconds must be positive")
@@ -130,9 +164,10 @@ class App:
         self._add(
             HandlerSpec(
                 queue=queue,
-                push=PushSpec(
+                effects=EffectSpec(
+                    kind=kind,
                     provider=provider,
-                    on_invalid_token=on_invalid_token,
+                    on_invalid_token=on_dead_target,
                     unknown_outcome=unknown_outcome,
                     lease_seconds=lease_seconds,
                     probe_seconds=probe_seconds,

@@ -61,7 +61,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
             schema,
             retention,
             progress=lambda r: print(
-                f"cleanup: deleted so far: outbound_sends={r.outbound_sends} "
+                f"cleanup: deleted so far: send_ledger={r.send_ledger} "
                 f"processed_messages={r.processed_messages} outbox={r.outbox} "
                 f"ingress_keys={r.ingress_keys} ingress_messages={r.ingress_messages}",
                 flush=True,
@@ -75,7 +75,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         await conn.close()
     print(
         f"cleanup: schema={schema} older_than={keep_days}d "
-        f"processed_messages={result.processed_messages} outbound_sends={result.outbound_sends}"
+        f"processed_messages={result.processed_messages} send_ledger={result.send_ledger}"
         f" outbox={result.outbox} ingress_keys={result.ingress_keys}"
         f" ingress_messages={result.ingress_messages}"
     )
@@ -101,7 +101,7 @@ async def clean_periodically(settings: Settings) -> None:
             log.info(
                 "cleanup_done",
                 processed_messages=result.processed_messages,
-                outbound_sends=result.outbound_sends,
+                send_ledger=result.send_ledger,
                 outbox=result.outbox,
                 ingress_keys=result.ingress_keys,
                 ingress_messages=result.ingress_messages,

@@ -26,8 +26,8 @@ import signal
 import structlog
 
 from consumers.broker.conflicts import TopologyConflict
+from consumers.effects.lease import LeaseTooShort
 from consumers.handlers.app import load_app
-from consumers.push.lease import LeaseTooShort
 from consumers.retention.cleaner import clean_periodically
 from consumers.retention.retry_horizon import check_retention, retention_need
 from consumers.runtime.collector import collect_less, freeze_started

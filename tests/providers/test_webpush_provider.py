@@ -19,10 +19,12 @@ from providers import (
     NotStartedInTime,
     PermanentProviderError,
     Platform,
+    PlatformRouter,
     Priority,
     ProviderConfigurationError,
     ProviderReceipt,
     Push,
+    RecordingProvider,
     Target,
     TransientProviderError,
     UnknownOutcomeError,
@@ -367,3 +369,35 @@ def _another_key() -> str:
     from providers.fakes.tls import make_apns_signing_key
 
     return make_apns_signing_key()
+
+
+# --- routing ---------------------------------------------------------------------------
+
+
+async def test_the_router_sends_subscriptions_to_webpush_and_fcm_web_tokens_to_fcm(
+    browser: FakeSubscription,
+) -> None:
+    apns, fcm, web = RecordingProvider("apns"), RecordingProvider("fcm"), RecordingProvider("wp")
+    router = PlatformRouter(apns=apns, fcm=fcm, webpush=web)
+    fcm_web_token = Target(platform=Platform.WEB, token="fcm-web-token")
+    for target in (browser.target, fcm_web_token, Target(platform=Platform.IOS, token="i")):
+        await send_to(router, shipped(target))
+    assert [s.push.target for s in web.sends] == [browser.target]
+    assert [s.push.target for s in fcm.sends] == [fcm_web_token]
+    assert len(apns.sends) == 1
+    assert (browser.target.channel, fcm_web_token.channel) == ("webpush", "web")
+    assert router.provider_for("webpush") is web and router.provider_for("web") is fcm
+
+
+async def test_a_router_without_webpush_refuses_subscriptions_as_configuration(
+    browser: FakeSubscription,
+) -> None:
+    router = PlatformRouter(apns=RecordingProvider("apns"), fcm=RecordingProvider("fcm"))
+    with pytest.raises(ProviderConfigurationError, match="WebPushNotConfigured") as raised:
+        await send_to(router, shipped(browser.target))
+    assert raised.value.provider == "webpush"
+    await send_to(router, shipped(Target(platform=Platform.WEB, token="fcm-web-token")))
+
+
+async def send_to(router: PlatformRouter, push: Push) -> ProviderReceipt:
+    return await router.send(push, send_ids(JOB, push.target.token))

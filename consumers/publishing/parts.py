@@ -12,7 +12,7 @@ send is published. A send that fits one part keeps its own message_id.
     await publish_push_job(publisher, "notifications.push", body, message_id="blast-7")
 
 A worker holds only the parts it has been delivered (its prefetch), each
-leased in chunks (`consumers.push.sending`): memory follows the chunk, not the
+leased in chunks (`consumers.effects.sending`): memory follows the chunk, not the
 send. The send API splits the same way (`ingress`), and its message status
 counts the devices of every part.
 """
@@ -24,8 +24,8 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
+from consumers.jobs.push import MAX_AUDIENCE, InvalidPushJob, parse_push_job, target_json
 from consumers.publishing.publisher import Publisher
-from consumers.push.job import MAX_AUDIENCE, InvalidPushJob, parse_push_job, target_json
 from dedupe import PART_TARGETS, part_message_ids
 
 MAX_MESSAGE_ID_BYTES = 128

@@ -15,7 +15,11 @@
 
 `push_job_body()` builds it on the publisher side. A job that does not parse
 is dead-lettered as `invalid_push_job` with the reason in `x-error`. The send
-API calls `parse_push_job` too, so what it answers 202 the worker attempts:
+API calls `parse_push_job` too, so what it answers 202 the worker attempts.
+`PUSH` is the kind the send ledger's runner reads push jobs through
+(`consumers.jobs.kind`): a job's devices are its recipients, in its order.
+
+The rules a job must meet:
 
 - no NUL (U+0000) in any text: PostgreSQL's text, where tokens and reasons
   are recorded, cannot hold it;
@@ -38,17 +42,21 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
+import asyncpg
+
+from consumers.jobs.kind import DeadTarget, InvalidJob, Recipient
 from consumers.message.envelope import loads_json
-from consumers.settings import MAX_BODY_BYTES
+from consumers.settings import MAX_BODY_BYTES, Settings
+from dedupe import DbConnection
 from providers import Notification, Platform, Priority, Push, Target, WebPushKeys
 from providers.apns_wire import apns_body, payload_limit
 from providers.webpush_subscription import subscription_problem
 from providers.webpush_wire import webpush_payload_problem
 
-MAX_TARGETS = 500  # devices of one job (one AMQP message); more: consumers.push.parts
-MAX_AUDIENCE = 100_000  # devices of one send, split into parts (consumers.push.parts)
+MAX_TARGETS = 500  # devices of one job (one AMQP message); more: consumers.publishing.parts
+MAX_AUDIENCE = 100_000  # devices of one send, split into parts (consumers.publishing.parts)
 MAX_TOKEN_CHARS = 4096
 MAX_TTL_SECONDS = 2**31 - 1
 # A job is one AMQP message: at most what a worker decodes by default. The send
@@ -61,7 +69,7 @@ _TOKEN = re.compile(TOKEN_PATTERN)
 _HEADER_TEXT = re.compile(HEADER_TEXT_PATTERN)
 
 
-class InvalidPushJob(ValueError):
+class InvalidPushJob(InvalidJob):
     """The body is not a push job; the message says which field is wrong."""
 
 
@@ -262,3 +270,44 @@ def _target(n: int, raw: object, allow_hosts: Set[str]) -> Target:
 def _no_nul(value: str | None, field: str) -> None:
     if value is not None and "\x00" in value:
         raise InvalidPushJob(f"{field}: no NUL (U+0000) character")
+
+
+class PushKind:
+    """Push jobs as the send ledger's runner reads them (`consumers.jobs.kind`).
+
+    A device's channel is its platform, or `webpush` for a Web Push subscription
+    (`providers.Target.channel`); bound to a worker, the kind allows the Web Push
+    hosts its settings allow (`WorkerSettings.webpush_allow_hosts`)."""
+
+    name = "push"
+
+    def __init__(self, *, allow_hosts: frozenset[str] = frozenset()) -> None:
+        self.allow_hosts = allow_hosts
+
+    def bound(self, pool: asyncpg.Pool, settings: Settings) -> Self:
+        return type(self)(allow_hosts=settings.worker.webpush_allow_hosts)
+
+    def parse(self, body: Mapping[str, Any]) -> PushJob:
+        return parse_push_job(body, allow_hosts=self.allow_hosts)
+
+    def weigh(self, body: bytes, *, max_body_bytes: int) -> int:
+        return devices_named(body, max_body_bytes=max_body_bytes)
+
+    def collapse_key(self, job: PushJob) -> str | None:
+        return job.collapse_key
+
+    async def recipients(
+        self, tx: DbConnection, jobs: Sequence[tuple[str, PushJob]]
+    ) -> list[list[Recipient]]:
+        return [
+            [Recipient(channel=t.channel, address=t.token) for t in job.targets] for _, job in jobs
+        ]
+
+    async def effect(self, job: PushJob, index: int, recipient: Recipient) -> Push:
+        return job.push_for(job.targets[index])
+
+    async def gone(self, tx: DbConnection, dead: DeadTarget) -> None:
+        """Nothing of ours: the app's `on_invalid_token` prunes the device."""
+
+
+PUSH = PushKind()
