@@ -6,7 +6,7 @@ A subscription is what a browser's `PushSubscription.toJSON()` gives:
      "keys": {"p256dh": "BNcRd...", "auth": "tBHI..."}}
 
 `subscription_problem` decides it without the network, so the worker's job
-parser (`consumers.push.job`), the send API's door and `WebPushProvider.send`
+parser (`consumers.jobs.push`), the send API's door and `WebPushProvider.send`
 refuse the same things:
 
 - the endpoint: at most MAX_ENDPOINT_CHARS of RFC 3986's characters, `https`,
