@@ -85,6 +85,10 @@ class WorkerSettings:
     # A loop stuck this long past the longest deadline (a handler blocking it)
     # ends the process (consumers.runtime.watchdog); also the sessions' backstop margin.
     watchdog_grace_seconds: float = 10.0
+    # Web Push endpoint hosts a push job may name although private or loopback
+    # (providers.webpush_subscription): for tests and demos only, never production.
+    # IW_WEBPUSH_ALLOW_HOSTS, comma-separated; WebPushSettings.allow_hosts is the sender's.
+    webpush_allow_hosts: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.handler_timeout_seconds > 0 or not self.watchdog_grace_seconds > 0:
@@ -219,6 +223,7 @@ class Settings:
                 shutdown_grace_seconds=float(env.get("IW_SHUTDOWN_GRACE", "30")),
                 handler_timeout_seconds=float(env.get("IW_HANDLER_TIMEOUT", "30")),
                 watchdog_grace_seconds=float(env.get("IW_WATCHDOG_GRACE", "10")),
+                webpush_allow_hosts=allow_hosts(env.get("IW_WEBPUSH_ALLOW_HOSTS", "")),
             ),
             retention=RetentionSettings(
                 keep_days=float(env.get("IW_RETENTION_DAYS", "7")),
@@ -240,3 +245,8 @@ class Settings:
             ),
             tracing=TracingSettings.from_env(env),
         )
+
+
+def allow_hosts(text: str) -> frozenset[str]:
+    """`IW_WEBPUSH_ALLOW_HOSTS`: comma-separated host names or IP literals, lowercased."""
+    return frozenset(h.strip().lower().strip("[]") for h in text.split(",") if h.strip())

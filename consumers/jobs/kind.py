@@ -101,7 +101,7 @@ class EffectKind(Protocol[J]):
 
 
 # The channels whose addresses are device credentials: shown by their first characters.
-DEVICE_CHANNELS = frozenset({"ios", "android", "web"})
+DEVICE_CHANNELS = frozenset({"ios", "android", "web", "webpush"})
 
 
 def shown_address(channel: str, address: str) -> str:

@@ -1,4 +1,4 @@
-"""Local fake APNs and FCM servers, for your tests and demos: never Apple or Google.
+"""Local fake APNs, FCM and Web Push servers, for your tests and demos: never the real ones.
 
 ```python
 from providers.fakes import FakeApns
@@ -10,20 +10,32 @@ async with FakeApns() as apns:
 
 With pytest, load the plugin (`pytest_plugins = ["providers.fakes.pytest_plugin"]`
 in your conftest.py, or `-p providers.fakes.pytest_plugin`) for the fixtures
-`fake_apns` and `fake_fcm`.
+`fake_apns`, `fake_fcm` and `fake_webpush`.
 """
 
 from providers.fakes.apns import ApnsReply, ApnsRequest, FakeApns
 from providers.fakes.env import collapse_ids_sent, fakes_env, router_from_env
 from providers.fakes.fcm import FakeFcm, FcmReply, FcmRequest
+from providers.fakes.webpush import (
+    FakeSubscription,
+    FakeWebPush,
+    PendingMessage,
+    WebPushReply,
+    WebPushRequest,
+)
 
 __all__ = [
     "ApnsReply",
     "ApnsRequest",
     "FakeApns",
     "FakeFcm",
+    "FakeSubscription",
+    "FakeWebPush",
     "FcmReply",
     "FcmRequest",
+    "PendingMessage",
+    "WebPushReply",
+    "WebPushRequest",
     "collapse_ids_sent",
     "fakes_env",
     "router_from_env",

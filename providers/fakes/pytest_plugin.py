@@ -1,4 +1,4 @@
-"""pytest fixtures for your own tests: `fake_apns` and `fake_fcm`, served on 127.0.0.1.
+"""pytest fixtures for your own tests: `fake_apns`, `fake_fcm` and `fake_webpush`, on 127.0.0.1.
 
 Load it from a conftest.py with `pytest_plugins = ["providers.fakes.pytest_plugin"]`
 (or `pytest -p providers.fakes.pytest_plugin`); it needs pytest-asyncio.
@@ -18,6 +18,7 @@ import pytest_asyncio
 
 from providers.fakes.apns import FakeApns
 from providers.fakes.fcm import FakeFcm
+from providers.fakes.webpush import FakeWebPush
 
 
 @pytest_asyncio.fixture
@@ -31,4 +32,12 @@ async def fake_apns() -> AsyncIterator[FakeApns]:
 async def fake_fcm() -> AsyncIterator[FakeFcm]:
     """A fake FCM HTTP v1 with OAuth; `fake_fcm.settings()` reaches it."""
     async with FakeFcm() as fake:
+        yield fake
+
+
+@pytest_asyncio.fixture
+async def fake_webpush() -> AsyncIterator[FakeWebPush]:
+    """A fake Web Push service (HTTPS with its own CA); `fake_webpush.settings()` reaches it,
+    `fake_webpush.subscribe(name)` makes a browser's subscription."""
+    async with FakeWebPush() as fake:
         yield fake
