@@ -1,5 +1,5 @@
 """`idempotent-workers` (also `python -m consumers`): migrate, run, relay, serve, api-key,
-console, demo, cleanup, dlq, inspect, bench, chaos.
+console, demo, cleanup, dlq, inspect, webhook, bench, chaos.
 
 Configuration comes from the environment, read here and nowhere else:
 AMQP_URL, DATABASE_URL, DATABASE_SCHEMA and the IW_* knobs of `Settings.from_env`.
@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from consumers.commands import dlq, inspection
+from consumers.commands import dlq, inspection, webhooks
 from consumers.handlers.app import load_app
 from consumers.publishing.relay import run_relay
 from consumers.retention import cleaner
@@ -170,6 +170,7 @@ def _parser() -> argparse.ArgumentParser:
     chaos.add_argument("args", nargs=argparse.REMAINDER)
     dlq.register(sub)
     inspection.register(sub)
+    webhooks.register(sub)
     return parser
 
 
@@ -217,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(dlq.run(args, settings))
         if args.command == "inspect":
             return asyncio.run(inspection.run(args, settings))
+        if args.command == "webhook":
+            return asyncio.run(webhooks.run(args, settings))
     except RetentionTooShort as exc:
         print(f"idempotent-workers: {exc}", file=sys.stderr)
         return 2

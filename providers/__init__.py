@@ -1,8 +1,9 @@
 """External senders: the Sender seam (and Provider, its push form), what a channel offers
-after a crash (Recovery), APNs and FCM, their errors, and stable send ids.
+after a crash (Recovery), APNs, FCM and webhooks, their errors, and stable send ids.
 
-`providers.fakes` holds local fake APNs and FCM servers for tests and demos.
-The APNs and FCM names load on first use, so the rest works without the `push` extra.
+`providers.fakes` holds local fake APNs and FCM servers and a webhook receiver for
+tests and demos. The APNs, FCM and webhook senders load on first use, so the rest
+works without the `push` or `webhooks` extra.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -32,16 +33,19 @@ from providers.provider import (
 from providers.push import Notification, Platform, Priority, Push, Target
 from providers.recording import RecordedSend, RecordingProvider
 from providers.routing import PlatformRouter
+from providers.webhook_call import WebhookCall, webhook_id
 
 if TYPE_CHECKING:
     from providers.apns import ApnsProvider, ApnsSettings
     from providers.fcm import FcmProvider, FcmSettings
+    from providers.webhooks import WebhookSender
 
 _LAZY = {
     "ApnsProvider": "providers.apns",
     "ApnsSettings": "providers.apns",
     "FcmProvider": "providers.fcm",
     "FcmSettings": "providers.fcm",
+    "WebhookSender": "providers.webhooks",
 }
 
 
@@ -84,7 +88,10 @@ __all__ = [
     "TargetGone",
     "TransientProviderError",
     "UnknownOutcomeError",
+    "WebhookCall",
+    "WebhookSender",
     "job_ids",
     "replays_within",
     "send_ids",
+    "webhook_id",
 ]

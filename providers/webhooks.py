@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import httpx
@@ -61,32 +60,12 @@ from providers.errors import (
 )
 from providers.ids import SendIds
 from providers.provider import NEITHER, ProviderReceipt
+from providers.webhook_call import WebhookCall, webhook_id
 
 MAX_ANSWER_BYTES = 64 * 1024
 QUOTED_ANSWER_CHARS = 100
 GONE_REASON = "gone: HTTP 410"  # also the disabled endpoint's reason
 TRANSIENT_4XX = frozenset({408, 429})  # the receiver timed out reading us; a rate limit
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WebhookCall:
-    """One webhook to one endpoint: where, the exact body (signed as is, the same bytes
-    on every attempt), and the endpoint's live `whsec_` secrets, newest first.
-
-    The secrets are kept out of `repr`: a call may appear in a traceback."""
-
-    url: str
-    body: bytes = field(repr=False)
-    secrets: tuple[str, ...] = field(repr=False)
-
-    def __post_init__(self) -> None:
-        if not self.secrets:
-            raise ValueError("a webhook call needs at least one signing secret")
-
-
-def webhook_id(ids: SendIds) -> str:
-    """The `webhook-id` of a target: `msg_` and the 32 hex digits of its effect_id."""
-    return "msg_" + ids.effect_id.replace("-", "")
 
 
 def signature_header(call: WebhookCall, message_id: str, at: datetime) -> str:

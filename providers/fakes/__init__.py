@@ -1,4 +1,5 @@
-"""Local fake APNs and FCM servers, for your tests and demos: never Apple or Google.
+"""Local fake APNs and FCM servers and a webhook receiver, for your tests and demos:
+never Apple, Google or anyone's endpoint.
 
 ```python
 from providers.fakes import FakeApns
@@ -10,12 +11,29 @@ async with FakeApns() as apns:
 
 With pytest, load the plugin (`pytest_plugins = ["providers.fakes.pytest_plugin"]`
 in your conftest.py, or `-p providers.fakes.pytest_plugin`) for the fixtures
-`fake_apns` and `fake_fcm`.
+`fake_apns`, `fake_fcm` and `webhook_receiver`. The receiver (`providers.fakes.webhooks`)
+loads on first use: it needs the `webhooks` extra.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from providers.fakes.apns import ApnsReply, ApnsRequest, FakeApns
 from providers.fakes.env import collapse_ids_sent, fakes_env, router_from_env
 from providers.fakes.fcm import FakeFcm, FcmReply, FcmRequest
+
+if TYPE_CHECKING:
+    from providers.fakes.webhooks import ReceivedWebhook, ReceiverReply, WebhookReceiver
+
+_LAZY = frozenset({"ReceivedWebhook", "ReceiverReply", "WebhookReceiver"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module("providers.fakes.webhooks"), name)
+    raise AttributeError(f"module 'providers.fakes' has no attribute {name!r}")
+
 
 __all__ = [
     "ApnsReply",
@@ -24,6 +42,9 @@ __all__ = [
     "FakeFcm",
     "FcmReply",
     "FcmRequest",
+    "ReceivedWebhook",
+    "ReceiverReply",
+    "WebhookReceiver",
     "collapse_ids_sent",
     "fakes_env",
     "router_from_env",

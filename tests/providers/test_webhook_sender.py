@@ -26,7 +26,8 @@ from providers import (
     send_ids,
 )
 from providers.fakes.webhooks import ReceiverReply, WebhookReceiver
-from providers.webhooks import MAX_ANSWER_BYTES, WebhookCall, WebhookSender, webhook_id
+from providers.webhook_call import WebhookCall, webhook_id
+from providers.webhooks import MAX_ANSWER_BYTES, WebhookSender
 from tests.scripted_http import CLOSE, ScriptedServer
 
 SECRET = "whsec_" + base64.b64encode(os.urandom(32)).decode()
