@@ -119,11 +119,11 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         if command == "add":
             assert box is not None
-            endpoint, secret = await store.add(
+            endpoint, made = await store.add(
                 conn, tenant=args.tenant, url=args.url, event_types=args.event_types, box=box
             )
             print(_line(endpoint))
-            print(f"secret: {secret}")
+            print(f"secret: {made}")
             print("  shown once: give it to the receiver now; `list` shows only its prefix")
             return 0
         if command == "list":

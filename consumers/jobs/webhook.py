@@ -29,10 +29,8 @@ is `ep_` and letters, digits, `_`, `-`; at most MAX_ENDPOINTS of them.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -42,16 +40,15 @@ import asyncpg
 import structlog
 
 from consumers.jobs.kind import DeadTarget, InvalidJob, Recipient
-from consumers.jobs.webhook_endpoints import secret_box, url_problem
+from consumers.jobs.webhook_endpoints import SigningReads, secret_box, url_problem
 from consumers.message.decisions import ConfigurationError
 from consumers.message.envelope import loads_json
 from consumers.settings import Settings, WebhookSettings
-from dedupe import DbConnection, SecretBox, SigningEndpoint, Subscription, WebhookEndpoints
+from dedupe import DbConnection, Subscription, WebhookEndpoints
 from providers import (
     PermanentProviderError,
     Sender,
     TargetGone,
-    TransientProviderError,
     WebhookCall,
 )
 
@@ -64,7 +61,6 @@ EVENT_TYPE_PATTERN = r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*"
 ENDPOINT_ID_PATTERN = r"ep_[A-Za-z0-9_-]{1,100}"
 _EVENT_TYPE = re.compile(EVENT_TYPE_PATTERN)
 _ENDPOINT_ID = re.compile(ENDPOINT_ID_PATTERN)
-_CACHE_ENTRIES = 4096  # endpoints remembered at once, past which expired ones are dropped
 
 
 class InvalidWebhookJob(InvalidJob):
@@ -166,13 +162,11 @@ def endpoints_named(body: bytes, *, max_body_bytes: int) -> int:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Bound:
-    """What a worker gives the kind (`bound`): where endpoints live, the key, a cache."""
+    """What a worker gives the kind (`bound`): its settings, where endpoints live."""
 
-    pool: asyncpg.Pool
     settings: WebhookSettings
     store: WebhookEndpoints
-    box: SecretBox
-    cache: dict[str, tuple[float, asyncio.Future[SigningEndpoint | None]]]
+    signing: SigningReads
 
 
 class WebhookKind:
@@ -191,11 +185,10 @@ class WebhookKind:
     def bound(self, pool: asyncpg.Pool, settings: Settings) -> Self:
         """This kind on a worker's pool, with its key: `ConfigurationError` without one."""
         mine = self.settings or settings.webhooks
-        keys = mine.secrets_keys or settings.webhooks.secrets_keys
-        box = secret_box(keys)
+        box = secret_box(mine.secrets_keys or settings.webhooks.secrets_keys)
         store = WebhookEndpoints(settings.database.schema)
-        worker = _Bound(pool=pool, settings=mine, store=store, box=box, cache={})
-        return type(self)(self.settings, bound=worker)
+        signing = SigningReads(pool, store, box, cache_seconds=mine.endpoint_cache_seconds)
+        return type(self)(self.settings, bound=_Bound(settings=mine, store=store, signing=signing))
 
     @property
     def _worker(self) -> _Bound:
@@ -243,7 +236,7 @@ class WebhookKind:
 
     async def effect(self, job: WebhookJob, index: int, recipient: Recipient) -> WebhookCall:
         """The call to one endpoint: its URL and live secrets now (cached a few seconds)."""
-        endpoint = await self._signing(recipient.address)
+        endpoint = await self._worker.signing.read(recipient.address)
         if endpoint is None:
             raise TargetGone("endpoint_removed", provider=self.name)
         if endpoint.disabled_reason is not None:
@@ -258,7 +251,7 @@ class WebhookKind:
     async def gone(self, tx: DbConnection, dead: DeadTarget) -> None:
         """The endpoint answered 410 Gone: disable it, in the recording transaction."""
         worker = self._worker
-        worker.cache.pop(dead.address, None)
+        worker.signing.forget(dead.address)
         if await worker.store.disable(tx, dead.address, reason=dead.reason):
             log.warning(
                 "webhook_endpoint_disabled",
@@ -267,40 +260,6 @@ class WebhookKind:
                 reason=dead.reason,
                 message_id=dead.message_id,
             )
-
-    async def _signing(self, endpoint_id: str) -> SigningEndpoint | None:
-        """The endpoint as `WebhookEndpoints.signing` reads it, at most one read at a time
-        per endpoint and none within `endpoint_cache_seconds` of the last."""
-        worker = self._worker
-        now = time.monotonic()
-        cached = worker.cache.get(endpoint_id)
-        if cached is not None and cached[0] > now:
-            return await asyncio.shield(cached[1])
-        if len(worker.cache) >= _CACHE_ENTRIES:
-            for stale in [k for k, (until, _) in worker.cache.items() if until <= now]:
-                del worker.cache[stale]
-        reading = asyncio.ensure_future(self._read(endpoint_id))
-        worker.cache[endpoint_id] = (now + worker.settings.endpoint_cache_seconds, reading)
-        try:
-            return await asyncio.shield(reading)
-        except Exception:
-            if worker.cache.get(endpoint_id, (0.0, None))[1] is reading:
-                del worker.cache[endpoint_id]  # a failed read is not remembered
-            raise
-
-    async def _read(self, endpoint_id: str) -> SigningEndpoint | None:
-        from cryptography.fernet import InvalidToken  # present: the box is built with it
-
-        worker = self._worker
-        async with worker.pool.acquire() as conn:
-            try:
-                return await worker.store.signing(conn, endpoint_id, worker.box)
-            except InvalidToken:
-                raise TransientProviderError(
-                    "secret_undecryptable: no key of IW_WEBHOOK_SECRETS_KEY decrypts"
-                    f" a secret of {endpoint_id}",
-                    provider=self.name,
-                ) from None
 
 
 def webhook_sender(settings: WebhookSettings | None) -> Callable[[], Awaitable[Sender[Any]]]:

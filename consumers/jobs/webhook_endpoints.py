@@ -1,5 +1,6 @@
 """Webhook endpoints as the worker and the operator's commands use them: the key that
-keeps their signing secrets encrypted at rest, and the rule for their URLs.
+keeps their signing secrets encrypted at rest, the rule for their URLs, and the
+worker's reads of what a call needs (`SigningReads`).
 
 The key: IW_WEBHOOK_SECRETS_KEY, Fernet keys (`cryptography`), comma-separated;
 the first encrypts, every one decrypts (`MultiFernet`), so a new key is put first
@@ -17,14 +18,20 @@ is added and again before every call (the setting may have changed since).
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+import asyncpg
+
 from consumers.message.decisions import ConfigurationError
-from dedupe import SecretBox
+from dedupe import SecretBox, SigningEndpoint, WebhookEndpoints
+from providers import TransientProviderError
 
 MAX_URL_CHARS = 2048
 KEY_VARIABLE = "IW_WEBHOOK_SECRETS_KEY"
+CACHE_ENTRIES = 4096  # endpoints remembered at once, past which expired ones are dropped
 
 
 def secret_box(keys: Sequence[str]) -> SecretBox:
@@ -76,3 +83,59 @@ def url_problem(url: str, allow_http_hosts: frozenset[str]) -> str | None:
     if parts.scheme == "http":
         return f"https only: http to {host} is not in IW_WEBHOOK_ALLOW_HTTP_HOSTS"
     return "https only"
+
+
+class SigningReads:
+    """An endpoint's URL and live secrets, decrypted, as a call needs them when it can
+    start: read at most once at a time per endpoint, and kept `cache_seconds`, so a
+    burst of calls to one endpoint reads it once. A failed read is not kept."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        store: WebhookEndpoints,
+        box: SecretBox,
+        *,
+        cache_seconds: float,
+    ) -> None:
+        self._pool = pool
+        self._store = store
+        self._box = box
+        self._seconds = cache_seconds
+        self._cache: dict[str, tuple[float, asyncio.Future[SigningEndpoint | None]]] = {}
+
+    async def read(self, endpoint_id: str) -> SigningEndpoint | None:
+        """The endpoint (None: removed); `TransientProviderError` if its secret cannot
+        be decrypted with the keys given (a key dropped too soon)."""
+        now = time.monotonic()
+        cached = self._cache.get(endpoint_id)
+        if cached is not None and cached[0] > now:
+            return await asyncio.shield(cached[1])
+        if len(self._cache) >= CACHE_ENTRIES:
+            for stale in [k for k, (until, _) in self._cache.items() if until <= now]:
+                del self._cache[stale]
+        reading = asyncio.ensure_future(self._read(endpoint_id))
+        self._cache[endpoint_id] = (now + self._seconds, reading)
+        try:
+            return await asyncio.shield(reading)
+        except Exception:
+            if self._cache.get(endpoint_id, (0.0, None))[1] is reading:
+                del self._cache[endpoint_id]
+            raise
+
+    def forget(self, endpoint_id: str) -> None:
+        """Read the endpoint again next time (it was just disabled)."""
+        self._cache.pop(endpoint_id, None)
+
+    async def _read(self, endpoint_id: str) -> SigningEndpoint | None:
+        from cryptography.fernet import InvalidToken  # present: the box is built with it
+
+        async with self._pool.acquire() as conn:
+            try:
+                return await self._store.signing(conn, endpoint_id, self._box)
+            except InvalidToken:
+                raise TransientProviderError(
+                    f"secret_undecryptable: no key of {KEY_VARIABLE} decrypts"
+                    f" a secret of {endpoint_id}",
+                    provider="webhook",
+                ) from None
