@@ -1,5 +1,5 @@
 """`idempotent-workers` (also `python -m consumers`): migrate, run, relay, serve, api-key,
-console, demo, cleanup, dlq, inspect, webhook, bench, chaos.
+console, demo, cleanup, dlq, inspect, bench, chaos.
 
 Configuration comes from the environment, read here and nowhere else:
 AMQP_URL, DATABASE_URL, DATABASE_SCHEMA and the IW_* knobs of `Settings.from_env`.
