@@ -12,7 +12,13 @@ import asyncpg
 import pytest
 from cryptography.fernet import Fernet
 
-from consumers import InvalidWebhookJob, parse_webhook_job, webhook_job_body
+from consumers import (
+    InvalidWebhookJob,
+    Settings,
+    WebhookSettings,
+    parse_webhook_job,
+    webhook_job_body,
+)
 from consumers.jobs.webhook_endpoints import SigningReads, secret_box, url_problem
 from dedupe import DbConnection, SecretBox, SigningEndpoint, WebhookEndpoints
 from providers import TransientProviderError
@@ -97,6 +103,22 @@ async def test_a_burst_reads_an_endpoint_once_and_a_lost_key_is_transient(
         assert await SigningReads(pool, store, rotated, cache_seconds=0).read(endpoint.id)
     finally:
         await pool.close()
+
+
+def test_the_webhook_settings_are_read_from_the_environment_and_keep_the_key_out_of_repr() -> None:
+    settings = Settings.from_env(
+        {
+            "IW_WEBHOOK_SECRETS_KEY": f" {KEY} ,second-key,",
+            "IW_WEBHOOK_ALLOW_HTTP_HOSTS": "LocalHost, 127.0.0.1",
+            "IW_WEBHOOK_ROTATION_OVERLAP_HOURS": "2.5",
+        }
+    )
+    webhooks = settings.webhooks
+    assert webhooks.secrets_keys == (KEY, "second-key")
+    assert webhooks.allow_http_hosts == {"localhost", "127.0.0.1"}
+    assert webhooks.rotation_overlap_hours == 2.5
+    assert KEY not in repr(settings) and "second-key" not in repr(settings)
+    assert Settings.from_env({}).webhooks == WebhookSettings()
 
 
 def test_the_secrets_key_is_refused_without_being_quoted() -> None:
