@@ -184,6 +184,22 @@ async def test_410_disables_the_endpoint_and_later_jobs_skip_it(
     assert [(e["endpoint"], e["reason"]) for e in disabled] == [(gone.id, "gone: HTTP 410")]
 
 
+async def test_an_endpoint_disabled_before_a_retry_is_not_called_again(
+    harness: Harness, schema: str, webhook_receiver: WebhookReceiver
+) -> None:
+    db = harness.db
+    endpoint = await add_endpoint(db, schema, webhook_receiver, "/flaky")
+    webhook_receiver.script("/flaky", ReceiverReply(status=503, retry_after="2"), times=1)
+    async with harness.run(webhook_app(harness.queue, cache=0)):
+        await harness.publish(job(), message_id="order-1042-shipped", tenant="acme")
+        await harness.wait_outcome("retry_scheduled")  # the 503 is recorded; back in 2 s
+        assert await WebhookEndpoints(schema).disable(db, endpoint.id, reason="by an operator")
+        await wait_for(lambda: settled(db, 1))
+    assert len(webhook_receiver.for_path("/flaky")) == 1
+    [row] = await ledger(db)
+    assert (row["status"], row["failure_reason"]) == ("failed", "endpoint_disabled: by an operator")
+
+
 async def test_while_a_secret_rotates_the_old_and_the_new_each_verify_then_the_new_alone(
     harness: Harness, schema: str, webhook_receiver: WebhookReceiver
 ) -> None:
