@@ -23,6 +23,13 @@ from consumers.handlers.spec import (
 )
 from consumers.jobs.kind import DeadTarget, EffectKind, InvalidJob, Recipient
 from consumers.jobs.push import PUSH, InvalidPushJob, PushJob, parse_push_job, push_job_body
+from consumers.jobs.webhook import (
+    InvalidWebhookJob,
+    WebhookJob,
+    WebhookKind,
+    parse_webhook_job,
+    webhook_job_body,
+)
 from consumers.message.decisions import (
     ConfigurationError,
     ConsumersError,
@@ -56,6 +63,7 @@ from consumers.settings import (
     RelaySettings,
     RetentionSettings,
     Settings,
+    WebhookSettings,
     WorkerSettings,
 )
 from consumers.telemetry.logs import configure_logging
@@ -91,6 +99,7 @@ __all__ = [
     "InvalidJob",
     "InvalidPushJob",
     "InvalidTokenHook",
+    "InvalidWebhookJob",
     "Job",
     "JobPart",
     "MessageHandler",
@@ -112,6 +121,9 @@ __all__ = [
     "Settings",
     "UnknownOutcome",
     "Unroutable",
+    "WebhookJob",
+    "WebhookKind",
+    "WebhookSettings",
     "Worker",
     "WorkerSettings",
     "configure_logging",
@@ -119,8 +131,10 @@ __all__ = [
     "job_message",
     "load_app",
     "parse_push_job",
+    "parse_webhook_job",
     "publish_push_job",
     "push_job_body",
     "push_job_parts",
     "tier_queue",
+    "webhook_job_body",
 ]

@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from consumers.commands import dlq, inspection
+from consumers.commands import dlq, inspection, webhooks
 from consumers.handlers.loading import AppNotLoaded, load_app
 from consumers.publishing.relay import run_relay
 from consumers.retention import cleaner
@@ -201,6 +201,7 @@ def _parser() -> argparse.ArgumentParser:
     cleaner.register(sub)
     dlq.register(sub)
     inspection.register(sub)
+    webhooks.register(sub)
     for name, tool in TOOLS.items():
         # No -h of its own: `--help` goes on to the tool's parser, which lists its flags.
         passing = _subcommand(sub, name, tool.help, add_help=False)
@@ -246,6 +247,8 @@ def _command(args: argparse.Namespace, settings: Settings) -> int:
             return asyncio.run(dlq.run(args, settings))
         if args.command == "inspect":
             return asyncio.run(inspection.run(args, settings))
+        if args.command == "webhook":
+            return asyncio.run(webhooks.run(args, settings))
         tool = TOOLS[args.command]
         code = load_entry(args.command, tool.main, tool.extra)(args.args, settings)
         return code

@@ -1,9 +1,10 @@
 """External senders: the Sender seam (and Provider, its push form), what a channel offers
-after a crash (Recovery), APNs, FCM and Web Push, their errors, and stable send ids.
+after a crash (Recovery), APNs, FCM, Web Push and webhooks, their errors, and stable
+send ids.
 
-`providers.fakes` holds local fake APNs, FCM and Web Push servers for tests and demos.
-The APNs, FCM and Web Push senders load on first use, so the rest (the values, the
-subscription check) works without the `push` extra.
+`providers.fakes` holds local fake APNs, FCM and Web Push servers and a webhook receiver
+for tests and demos. The APNs, FCM, Web Push and webhook senders load on first use, so
+the rest (the values, the subscription check) works without the `push` or `webhooks` extra.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -33,11 +34,13 @@ from providers.provider import (
 from providers.push import Notification, Platform, Priority, Push, Target, WebPushKeys
 from providers.recording import RecordedSend, RecordingProvider
 from providers.routing import PlatformRouter
+from providers.webhook_call import WebhookCall, webhook_id
 from providers.webpush_subscription import SubscriptionProblem, subscription_problem
 
 if TYPE_CHECKING:
     from providers.apns import ApnsProvider, ApnsSettings
     from providers.fcm import FcmProvider, FcmSettings
+    from providers.webhooks import WebhookSender
     from providers.webpush import WebPushProvider, WebPushSettings
 
 _LAZY = {
@@ -47,6 +50,7 @@ _LAZY = {
     "FcmSettings": "providers.fcm",
     "WebPushProvider": "providers.webpush",
     "WebPushSettings": "providers.webpush",
+    "WebhookSender": "providers.webhooks",
 }
 
 
@@ -93,8 +97,11 @@ __all__ = [
     "WebPushKeys",
     "WebPushProvider",
     "WebPushSettings",
+    "WebhookCall",
+    "WebhookSender",
     "job_ids",
     "replays_within",
     "send_ids",
     "subscription_problem",
+    "webhook_id",
 ]

@@ -30,6 +30,7 @@ import structlog
 from consumers.broker.conflicts import TopologyConflict
 from consumers.effects.lease import LeaseTooShort
 from consumers.handlers.loading import load_app
+from consumers.message.decisions import ConfigurationError
 from consumers.retention.cleaner import clean_periodically
 from consumers.retention.retry_horizon import check_retention, retention_need
 from consumers.runtime.collector import collect_less, freeze_started
@@ -109,6 +110,16 @@ async def run_process(target: str, settings: Settings, *, app_dir: str = ".") ->
                 log.error(
                     "start_failed",
                     error="commits_not_replicated",
+                    detail=str(refused),
+                    exit_code=EXIT_CONFIG,
+                )
+                return EXIT_CONFIG
+            if isinstance(refused := starting.exception(), ConfigurationError):
+                # A setting the app cannot work without (a webhook queue with no
+                # IW_WEBHOOK_SECRETS_KEY): the line says which.
+                log.error(
+                    "start_failed",
+                    error="configuration",
                     detail=str(refused),
                     exit_code=EXIT_CONFIG,
                 )
