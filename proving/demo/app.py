@@ -1,13 +1,17 @@
-"""The demo's workers: one order-shipped effect per job, and push notifications.
+"""The demo's workers: one order-shipped effect per job, push notifications and webhooks.
 
 Every tenth order also emits a follow-up push job ("your order shipped") with
 `ctx.emit`: written to the outbox in the effect's transaction, published by
 the relay the workers run beside their handlers (IW_RELAY=1), sent by the
 push queue's handler. The chain holds end to end: one push per order effect.
+Every fourth order emits an `order.shipped` webhook job the same way, sent by
+the webhook queue's handler to the tenant's endpoints (registered by the demo
+with the real endpoint store; the key that keeps their secrets encrypted,
+IW_WEBHOOK_SECRETS_KEY, is made for the run and given to the workers).
 
 `demo_effects` has no unique constraint on purpose, so the demo's report
 would show a doubled effect as two rows rather than hide it behind an error.
-The push queue sends to the local fake APNs and FCM servers the demo starts;
+The push queue sends to the local fake APNs, FCM and Web Push services the demo starts;
 where they listen comes in the worker's environment (DEMO_* variables), read
 when the worker builds its provider, not at import.
 """
@@ -17,13 +21,28 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from consumers import App, Context, DeadTarget, push_job_body
+from consumers import (
+    App,
+    Context,
+    DeadTarget,
+    RetryPolicy,
+    WebhookSettings,
+    push_job_body,
+    webhook_job_body,
+)
 from dedupe import DbConnection
 from providers import Platform, Provider, Target
 from proving.deadlines import ANSWER_S
 
 QUEUE = "demo.orders.shipped"
 PUSH_QUEUE = "demo.notifications"
+WEBHOOK_QUEUE = "demo.webhooks"
+WEBHOOK_EVENT = "order.shipped"
+# Retries within seconds, not minutes: a job whose rows the SIGKILLed worker holds
+# comes back as soon as their lease (SEND_LEASE_S) has expired, and is resent then.
+SHORT_RETRY = RetryPolicy(max_attempts=6, base_seconds=0.5, tiers_seconds=(0.5, 1.0, 2.0, 4.0, 8.0))
+PROVIDER_TIMEOUT_S = 5.0
+SEND_LEASE_S = 12.0  # past the providers' whole answer time, with room to record it
 
 app = App()
 
@@ -43,11 +62,25 @@ async def record_shipment(ctx: Context) -> None:
             follow_up_body(order_id),
             message_id=f"{ctx.message_id}:push",  # one id per order, however often it is tried
         )
+    if sends_webhook(order_id):
+        await ctx.emit(
+            WEBHOOK_QUEUE,
+            webhook_job_body(
+                event_type=WEBHOOK_EVENT,
+                payload={"order": order_id, "carrier": ctx.body["carrier"]},
+            ),
+            message_id=f"{ctx.message_id}:webhook",
+        )
 
 
 def follows_up(order_id: int) -> bool:
     """Orders whose effect emits a follow-up push job."""
     return order_id % 10 == 0
+
+
+def sends_webhook(order_id: int) -> bool:
+    """Orders whose effect emits an `order.shipped` webhook job."""
+    return order_id % 4 == 0
 
 
 def follow_up_body(order_id: int) -> dict[str, Any]:
@@ -61,10 +94,10 @@ def follow_up_body(order_id: int) -> dict[str, Any]:
 
 
 async def fake_providers() -> Provider:
-    """APNs and FCM providers pointed at the demo's fakes."""
+    """APNs, FCM and Web Push providers pointed at the demo's fakes."""
     from providers.fakes.env import router_from_env
 
-    return router_from_env(os.environ, "DEMO_", timeout_seconds=5.0)
+    return router_from_env(os.environ, "DEMO_", timeout_seconds=PROVIDER_TIMEOUT_S)
 
 
 async def prune_device(tx: DbConnection, dead: DeadTarget) -> None:
@@ -78,4 +111,22 @@ async def prune_device(tx: DbConnection, dead: DeadTarget) -> None:
     )
 
 
-app.push_handler(PUSH_QUEUE, provider=fake_providers, on_invalid_token=prune_device)
+app.push_handler(
+    PUSH_QUEUE,
+    provider=fake_providers,
+    on_invalid_token=prune_device,
+    lease_seconds=SEND_LEASE_S,
+    retry=SHORT_RETRY,
+)
+# The endpoints are the demo's receiver on 127.0.0.1 (plain http allowed there only);
+# the key their secrets are encrypted under comes from the worker's environment.
+app.webhook_handler(
+    WEBHOOK_QUEUE,
+    settings=WebhookSettings(
+        allow_http_hosts=frozenset({"127.0.0.1"}),
+        timeout_seconds=PROVIDER_TIMEOUT_S,
+        connect_timeout_seconds=2.0,
+    ),
+    lease_seconds=SEND_LEASE_S,
+    retry=SHORT_RETRY,
+)

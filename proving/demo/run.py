@@ -1,34 +1,39 @@
-"""The demo run: two worker processes, a SIGKILL mid-run, duplicates and bad input.
+"""The demo run: two worker processes, a SIGKILL mid-call, duplicates and bad input.
 
-Everything the report says is read back from PostgreSQL (the effect table)
-and RabbitMQ (the dead-letter queue), never from the workers' own counters.
+    plan the order jobs (duplicates, reused ids, malformed) and the push jobs
+    start the fakes: APNs, FCM, a Web Push service, a webhook receiver
+    register each tenant's webhook endpoints through the real store
+    start the workers (each relays the outbox) and `serve`; publish, send over HTTP
+    SIGKILL one worker while it has calls on the wire, read what it held; restart it
+    wait until every effect, push and webhook is settled, stop everything
+    count: from the effect table, the dead-letter queue, the ledger and the outbox,
+    and at each receiver what arrived, what arrived twice, and what the kill explains
+
+Everything the report says is read back from PostgreSQL, RabbitMQ and the
+receivers, never from the workers' own counters.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import random
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
 
-from consumers import REASON_HEADER, Publisher, Settings, dead_letter_queue
+from consumers import Publisher, Settings
 from consumers.broker.topology import declare, delete
-from dedupe import LEASE_EXPIRED, migrate
+from dedupe import migrate
+from proving.crash_window import Death
 from proving.deadlines import ANSWER_S, within
-from proving.demo.app import PUSH_QUEUE, QUEUE, app, follows_up
+from proving.demo.app import PUSH_QUEUE, QUEUE, WEBHOOK_QUEUE, app, follows_up, sends_webhook
 from proving.demo.ingress import (
     IngressTally,
     Serve,
@@ -37,66 +42,28 @@ from proving.demo.ingress import (
     send_all,
     split_jobs,
 )
-from proving.demo.pushes import DemoFakes, plan_pushes, push_report, settled_targets
+from proving.demo.local import (
+    TENANTS,
+    dead_letters_ready,
+    order_of,
+    outbox_report,
+    plan_jobs,
+    read_dead_letters,
+)
+from proving.demo.pushes import (
+    DemoFakes,
+    has_subscription,
+    plan_pushes,
+    push_report,
+    settled_targets,
+)
+from proving.demo.report import Counted, print_report
+from proving.demo.webhooks import ENDPOINTS, DemoWebhooks
+from proving.demo.workers import Workers, kill_now, unknown_outcomes
 
 DEMO_DATABASE = "idempotent_workers_demo"
-TENANTS = ("acme", "globex", "initech")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Job:
-    message_id: str | None
-    body: bytes
-    tenant: str
-    kind: str  # original | duplicate | reused | malformed
-
-
-def plan_jobs(total: int, rng: random.Random) -> list[Job]:
-    """`total` publishes: 10% exact duplicates, 1% reused ids, 1% malformed."""
-    duplicates = total // 10
-    reused = total // 100
-    malformed = total // 100
-    originals = total - duplicates - reused - malformed
-    jobs = []
-    for n in range(originals):
-        body = {"order_id": n, "carrier": rng.choice(["ups", "dhl", "fedex"]), "items": n % 7 + 1}
-        jobs.append(
-            Job(
-                message_id=f"order-{n}-shipped",
-                body=_json(body),
-                tenant=TENANTS[n % len(TENANTS)],
-                kind="original",
-            )
-        )
-    for _ in range(duplicates):
-        jobs.append(replace(rng.choice(jobs[:originals]), kind="duplicate"))
-    for source in rng.sample(jobs[:originals], reused):
-        body = json.loads(source.body)
-        body["carrier"] = "reused-for-another-order"
-        jobs.append(replace(source, body=_json(body), kind="reused"))
-    bad_bodies = [b"{not json", b"[1, 2, 3]", b'{"order_id": NaN}']
-    for n in range(malformed):
-        if n % 4 == 3:
-            jobs.append(
-                Job(
-                    message_id=f"{n:04d}" + "x" * 200,
-                    body=b'{"order_id": 1}',
-                    tenant="",
-                    kind="malformed",
-                )
-            )
-        else:
-            jobs.append(
-                Job(
-                    message_id=f"malformed-{n}", body=bad_bodies[n % 3], tenant="", kind="malformed"
-                )
-            )
-    rng.shuffle(jobs)
-    return jobs
-
-
-def _json(value: object) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+DRAIN_S = 180.0  # the whole demo's settling, after which it fails saying what is missing
+SEND_QUEUES = (PUSH_QUEUE, WEBHOOK_QUEUE)
 
 
 def _database_url(url: str, name: str) -> str:
@@ -132,55 +99,16 @@ async def _prepare_database(settings: Settings) -> str:
     return url
 
 
-class Workers:
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
-        self.env = env
-        self.log_dir = log_dir
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.kills = 0
-
-    def start(self) -> subprocess.Popen[bytes]:
-        log = (self.log_dir / f"worker-{len(self.procs)}.log").open("ab")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "consumers", "run", "proving.demo.app:app"],
-            env=self.env,
-            stdout=log,
-            stderr=log,
-        )
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def kill(self, proc: subprocess.Popen[bytes]) -> None:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        self.kills += 1
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-async def _read_dead_letters(url: str) -> Counter[tuple[str, str]]:
-    """(reason, message_id) of every dead letter, taken off the demo's DLQ."""
-    connection = await aio_pika.connect(url, timeout=ANSWER_S)
-    found: Counter[tuple[str, str]] = Counter()
+async def _declare_queues(settings: Settings) -> None:
+    connection = await aio_pika.connect(settings.amqp.url, timeout=ANSWER_S)
     try:
         channel = await within(ANSWER_S, "a channel", connection.channel())
-        dlq = await channel.get_queue(dead_letter_queue(QUEUE), ensure=True)
-        while (message := await dlq.get(no_ack=True, fail=False, timeout=ANSWER_S)) is not None:
-            reason = str((message.headers or {}).get(REASON_HEADER, "broker"))
-            found[(reason, message.message_id or "")] += 1
+        for queue in (QUEUE, *SEND_QUEUES):
+            spec = app.specs[queue]
+            await delete(channel, queue, spec.retry)
+            await declare(channel, queue, spec.retry, settings.amqp)
     finally:
         await connection.close()
-    return found
 
 
 async def run_demo(
@@ -189,37 +117,40 @@ async def run_demo(
     started = time.monotonic()
     rng = random.Random(1042)
     planned = plan_jobs(jobs, rng)
-    push_plan = plan_pushes(pushes, rng)
-    direct_pushes, http_pushes = split_jobs(push_plan.jobs, rng)
     well_formed = [j for j in planned if j.kind != "malformed"]
     unique = {(j.tenant, j.message_id) for j in well_formed}
+    originals = [j for j in well_formed if j.kind == "original"]
+    # One follow-up push job per such order, emitted with its effect (proving.demo.app),
+    # and one webhook job per such order, sent to each of its tenant's endpoints.
+    follow_ups = {f"{j.message_id}:push" for j in originals if follows_up(order_of(j))}
+    webhook_jobs = sum(1 for j in originals if sends_webhook(order_of(j)))
     expected_dead = sum(1 for j in planned if j.kind in ("reused", "malformed"))
-    # One follow-up push job per such order, emitted with its effect (proving.demo.app).
-    follow_ups = {
-        f"{j.message_id}:push"
-        for j in well_formed
-        if j.kind == "original" and follows_up(json.loads(j.body)["order_id"])
-    }
+
+    db_url = await _prepare_database(settings)
+    await _declare_queues(settings)
+    fakes = await DemoFakes().__aenter__()
+    webhooks = await DemoWebhooks().__aenter__()
+    push_plan = plan_pushes(pushes, rng, fakes.webpush)
+    fakes.script(push_plan)
+    # Jobs naming a Web Push subscription on 127.0.0.1 go straight to the queue: only
+    # the workers are told to allow that host, not the send API's door.
+    by_http = [j for j in push_plan.jobs if not has_subscription(j[1])]
+    direct_pushes, http_pushes = split_jobs(by_http, rng)
+    direct_pushes += [j for j in push_plan.jobs if has_subscription(j[1])]
     push_plan = replace(push_plan, targets=push_plan.targets + len(follow_ups))
     print(
         f"demo: {len(planned)} jobs planned: {len(unique)} distinct orders, "
         f"{Counter(j.kind for j in planned)}; {len(push_plan.jobs)} push jobs for "
-        f"{push_plan.targets} devices ({len(push_plan.dead_tokens)} of them dead), "
+        f"{push_plan.targets} targets ({push_plan.subscriptions} of them Web Push subscriptions,"
+        f" {len(push_plan.dead_tokens) + len(push_plan.dead_subscriptions)} dead), "
         f"{len(follow_ups)} of them follow-ups the order handler emits; "
-        f"{len(http_pushes)} of the push jobs go in over HTTP through serve"
+        f"{len(http_pushes)} of the push jobs go in over HTTP through serve; "
+        f"{webhook_jobs} webhook jobs the order handler emits"
     )
 
-    db_url = await _prepare_database(settings)
-    connection = await aio_pika.connect(settings.amqp.url, timeout=ANSWER_S)
-    channel = await within(ANSWER_S, "a channel", connection.channel())
-    for queue in (QUEUE, PUSH_QUEUE):
-        await delete(channel, queue, app.specs[queue].retry)
-        await declare(channel, queue, app.specs[queue].retry, settings.amqp)
-    await connection.close()
-    fakes = DemoFakes(push_plan)
-    await fakes.__aenter__()
-
     log_dir = Path(tempfile.mkdtemp(prefix="iw-demo-"))
+    db = await asyncpg.connect(db_url, timeout=ANSWER_S)
+    await webhooks.register(db, TENANTS)
     env = {
         **os.environ,
         "AMQP_URL": settings.amqp.url,
@@ -228,22 +159,26 @@ async def run_demo(
         "IW_SHUTDOWN_GRACE": "20",
         "IW_RELAY": "1",  # each worker relays the outbox too: two relays share it
         **fakes.worker_env(),
+        **webhooks.worker_env(),
     }
     pool = Workers(env, log_dir)
     procs = [pool.start() for _ in range(workers)]
     serve = Serve(env, log_dir, PUSH_QUEUE)
-    db = await asyncpg.connect(db_url, timeout=ANSWER_S)
     publisher, pub_connection = await within(
         ANSWER_S, "the demo publisher's connection", Publisher.connect(settings.amqp.url)
     )
+    deaths: list[Death] = []
     try:
-        print(f"demo: {workers} workers started (logs in {log_dir}); publishing...")
+        print(
+            f"demo: {workers} workers started (logs in {log_dir}); {len(webhooks.secrets)}"
+            f" webhook endpoints registered; publishing..."
+        )
 
         async def publish_all() -> None:
             for chunk in range(0, len(planned), 200):
                 await asyncio.gather(
                     *(
-                        publisher.publish_message(QUEUE, _message(job))
+                        publisher.publish_message(QUEUE, job.message())
                         for job in planned[chunk : chunk + 200]
                     )
                 )
@@ -270,33 +205,42 @@ async def run_demo(
 
         publishing = asyncio.create_task(publish_all())
         sending = asyncio.create_task(send_over_http())
-        killed = False
-        deadline = time.monotonic() + 180
+        sends = {PUSH_QUEUE: push_plan.targets, WEBHOOK_QUEUE: webhook_jobs * len(ENDPOINTS)}
+        deadline = time.monotonic() + DRAIN_S
         last_print = 0.0
         while time.monotonic() < deadline:
             effects = await db.fetchval("SELECT count(*) FROM demo_effects", timeout=ANSWER_S)
-            if not killed and effects >= len(unique) * 0.4:
+            settled = {queue: await settled_targets(db, queue) for queue in SEND_QUEUES}
+            if not deaths and await kill_now(
+                db,
+                procs[0].pid,
+                unfinished=[q for q in SEND_QUEUES if settled[q] < sends[q]],
+                under_way=effects >= len(unique) * 0.4,
+                late=sum(settled.values()) >= sum(sends.values()) * 0.6,
+            ):
                 victim = procs[0]
-                pool.kill(victim)
+                deaths.append(await pool.kill(victim, db))
+                held = Counter(h.consumer for h in deaths[-1].held)
                 print(
-                    f"demo: SIGKILLed worker pid {victim.pid} at {effects} effects; restarting it"
+                    f"demo: SIGKILLed worker pid {victim.pid} at {effects} effects, holding"
+                    f" {held[PUSH_QUEUE]} pushes and {held[WEBHOOK_QUEUE]} webhooks `sending`;"
+                    f" restarting it"
                 )
                 procs[0] = pool.start()
-                killed = True
-            settled = await settled_targets(db)
             if time.monotonic() - last_print >= 1.0:
                 print(
                     f"demo: progress {effects}/{len(unique)} effects, "
-                    f"{settled}/{push_plan.targets} pushes settled "
+                    f"{settled[PUSH_QUEUE]}/{sends[PUSH_QUEUE]} pushes and "
+                    f"{settled[WEBHOOK_QUEUE]}/{sends[WEBHOOK_QUEUE]} webhooks settled "
                     f"({time.monotonic() - started:.1f} s)",
                     flush=True,
                 )
                 last_print = time.monotonic()
             if (
-                killed
+                deaths
                 and effects >= len(unique)
-                and settled >= push_plan.targets
-                and await _dead_letters_ready(settings.amqp.url) >= expected_dead
+                and all(settled[q] >= sends[q] for q in SEND_QUEUES)
+                and await dead_letters_ready(settings.amqp.url) >= expected_dead
             ):
                 break
             await asyncio.sleep(0.05)
@@ -310,153 +254,35 @@ async def run_demo(
             "SELECT tenant, message_id, count(*) AS c FROM demo_effects GROUP BY 1, 2",
             timeout=ANSWER_S,
         )
-        report = await push_report(db, fakes, push_plan)
+        push = await push_report(db, fakes, push_plan, deaths)
         outbox = await outbox_report(db, follow_ups)
-        http_report = await ingress_report(db, tally, http_pushes, PUSH_QUEUE)
+        ingress = await ingress_report(db, tally, http_pushes, PUSH_QUEUE)
+        hooks = await webhooks.report(db, jobs=webhook_jobs, deaths=deaths, log_dir=log_dir)
     finally:
         pool.stop_all()
         serve.stop()
         await db.close()
         await pub_connection.close()
+        await webhooks.__aexit__(None, None, None)
         await fakes.__aexit__(None, None, None)
 
-    dead = await _read_dead_letters(settings.amqp.url)
+    dead = await read_dead_letters(settings.amqp.url)
     effect_keys = {(r["tenant"], r["message_id"]) for r in rows}
-    effects = sum(r["c"] for r in rows)
-    doubled = sum(r["c"] - 1 for r in rows if r["c"] > 1)
-    lost = len(unique - effect_keys)
-    reused_ids = {mid for (reason, mid) in dead if reason == "message_id_reused"}
-    dead_ids = {(reason, mid) for (reason, mid) in dead}
-    duplicates_ignored = (
-        len(well_formed)
-        - effects
-        - sum(n for (reason, _), n in dead.items() if reason == "message_id_reused")
+    ok = print_report(
+        Counted(
+            planned=planned,
+            unique=unique,
+            effects=sum(r["c"] for r in rows),
+            doubled=sum(r["c"] - 1 for r in rows if r["c"] > 1),
+            lost=len(unique - effect_keys),
+            dead=dead,
+            kills=pool.kills,
+            unknown=unknown_outcomes(log_dir),
+            elapsed=time.monotonic() - started,
+            push=push,
+            outbox=outbox,
+            ingress=ingress,
+            webhooks=hooks,
+        )
     )
-    elapsed = time.monotonic() - started
-
-    print()
-    print(f"{'published':<36}{len(planned):>10}")
-    print(f"{'distinct orders (unique)':<36}{len(unique):>10}")
-    print(f"{'effects in demo_effects':<36}{effects:>10}")
-    print(f"{'duplicates ignored':<36}{duplicates_ignored:>10}")
-    for reason, count in sorted(Counter(r for r, _ in dead_ids).items()):
-        print(f"{'dead-lettered: ' + reason:<36}{count:>10}")
-    print(f"{'devices to push to':<36}{report.expected:>10}")
-    print(f"{'pushes sent (ledger)':<36}{report.sent:>10}")
-    print(f"{'pushes failed: dead token':<36}{report.failed:>10}")
-    print(f"{'devices pruned by the hook':<36}{report.pruned:>10}")
-    print(f"{'provider ids recorded':<36}{report.provider_ids_recorded:>10}")
-    unknown = _unknown_outcomes(log_dir)
-    print(f"{'extra pushes at the fakes':<36}{report.extra_pushes:>10}")
-    print(f"{'  beyond their rows leases':<36}{report.extra_beyond_leases:>10}")
-    print(f"{'  of them with another collapse id':<36}{report.extra_with_other_collapse_id:>10}")
-    print(f"{'sends with an unknown outcome':<36}{unknown:>10}")
-    print(f"{'follow-ups emitted to the outbox':<36}{outbox.enqueued:>10}")
-    print(f"{'  published by the relays':<36}{outbox.published:>10}")
-    print(f"{'  pushed (ledger settled)':<36}{outbox.emitted:>10}")
-    print(f"{'workers SIGKILLed':<36}{pool.kills:>10}")
-    print(f"{'lost':<36}{lost:>10}")
-    print(f"{'doubled':<36}{doubled:>10}")
-    print(f"{'elapsed s':<36}{elapsed:>10.1f}")
-    print()
-    print(
-        f"demo: published={len(planned)} unique={len(unique)} effects={effects} "
-        f"duplicates_ignored={duplicates_ignored} reused={len(reused_ids)} "
-        f"dead_lettered={len(dead_ids)} lost={lost} doubled={doubled} "
-        f"pushes={report.sent} provider_ids_recorded={report.provider_ids_recorded} "
-        f"extra_pushes={report.extra_pushes} extra_beyond_leases={report.extra_beyond_leases} "
-        f"unknown_outcomes={unknown} "
-        f"extra_with_other_collapse_id={report.extra_with_other_collapse_id}"
-    )
-    print(
-        f"outbox: enqueued={outbox.enqueued} published={outbox.published} "
-        f"emitted={outbox.emitted} lost={outbox.lost}"
-    )
-    print(http_report.line())
-    ok = lost == 0 and doubled == 0 and effects == len(unique) and report.ok and outbox.ok
-    ok = ok and unknown == 0  # nothing but the SIGKILL is a fault here
-    ok = ok and http_report.ok
     return 0 if ok else 1
-
-
-def _unknown_outcomes(log_dir: Path) -> int:
-    """Sends the workers logged with an unknown outcome: a timeout or a lost connection.
-
-    The demo injects no such fault, so each one is a defect, like the burst
-    that broke the fake APNs' stream limit in the push bench (every request on
-    the connection unknown, then sent again). A send re-leased after the
-    SIGKILLed worker's lease expired is not one.
-    """
-    unknown = 0
-    for path in sorted(log_dir.glob("worker-*.log")):
-        with path.open(encoding="utf-8", errors="replace") as lines:
-            for line in lines:
-                if '"push_deferred"' not in line:
-                    continue
-                with contextlib.suppress(ValueError):
-                    reason = str(json.loads(line).get("reason", ""))
-                    unknown += reason != LEASE_EXPIRED and reason.startswith("unknown_outcome")
-    return unknown
-
-
-def _message(job: Job) -> aio_pika.Message:
-    return aio_pika.Message(
-        job.body,
-        message_id=job.message_id,
-        content_type="application/json",
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        headers={"x-tenant": job.tenant} if job.tenant else None,
-    )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OutboxReport:
-    expected: int  # follow-ups the plan's orders should emit, once each
-    enqueued: int  # outbox rows: one per committed effect that emits
-    published: int  # of them marked published by a relay (after the broker's confirm)
-    emitted: int  # follow-ups that reached the push handler and were settled in the ledger
-    lost: int  # expected follow-ups with no settled push
-
-    @property
-    def ok(self) -> bool:
-        return self.enqueued == self.published == self.emitted == self.expected
-
-
-async def outbox_report(
-    db: asyncpg.Connection[asyncpg.Record], follow_ups: set[str]
-) -> OutboxReport:
-    """Read from the outbox table and the send ledger, never from the workers."""
-    settled = {
-        r["message_id"]
-        for r in await db.fetch(
-            "SELECT DISTINCT message_id FROM send_ledger"
-            " WHERE message_id LIKE '%:push' AND status IN ('sent', 'failed')",
-            timeout=ANSWER_S,
-        )
-    }
-    return OutboxReport(
-        expected=len(follow_ups),
-        # The follow-ups' rows; the send API's jobs share the table (the ingress line counts those).
-        enqueued=await db.fetchval(
-            "SELECT count(*) FROM outbox WHERE message_id LIKE '%:push'", timeout=ANSWER_S
-        ),
-        published=await db.fetchval(
-            "SELECT count(*) FROM outbox"
-            " WHERE message_id LIKE '%:push' AND published_at IS NOT NULL",
-            timeout=ANSWER_S,
-        ),
-        emitted=len(settled & follow_ups),
-        lost=len(follow_ups - settled),
-    )
-
-
-async def _dead_letters_ready(url: str) -> int:
-    connection = await aio_pika.connect(url, timeout=ANSWER_S)
-    try:
-        channel = await within(ANSWER_S, "a channel", connection.channel())
-        queue = await channel.declare_queue(
-            dead_letter_queue(QUEUE), passive=True, timeout=ANSWER_S
-        )
-        return queue.declaration_result.message_count or 0
-    finally:
-        await connection.close()
