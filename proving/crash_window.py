@@ -24,12 +24,15 @@ Message-ID, an API call by its idempotency key.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from dedupe import DbConnection
+from dedupe import LEASE_EXPIRED, DbConnection
 from providers import SendIds, webhook_id
 from proving.deadlines import ANSWER_S
 
@@ -108,7 +111,8 @@ class Tally:
         return (
             f"intents={self.intents} delivered={self.delivered} lost={self.lost}"
             f" arrived_twice={self.arrived_twice} duplicates={self.duplicates}"
-            f" on_the_wire_at_kills={self.on_the_wire} beyond_window={self.beyond_window}"
+            f" on_the_wire_at_kills={self.on_the_wire} lost_answers={self.lost_answers}"
+            f" beyond_window={self.beyond_window}"
         )
 
 
@@ -166,6 +170,24 @@ def tally(
         beyond_window=beyond,
         sample=tuple(sample),
     )
+
+
+def answers_lost(log_dir: Path) -> Counter[str]:
+    """effect_id -> sends the workers logged with an unknown outcome (a timeout, a lost
+    connection: `<kind>_deferred`, reason `unknown_outcome: ...`), each of which may have
+    arrived and is sent again; a send re-leased after a dead worker's lease is not one."""
+    lost: Counter[str] = Counter()
+    for path in sorted(log_dir.glob("worker-*.log")):
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                if '_deferred"' not in line:
+                    continue
+                with contextlib.suppress(ValueError, AttributeError):  # a line cut by a kill
+                    fields = json.loads(line)
+                    reason = str(fields.get("reason", ""))
+                    if reason != LEASE_EXPIRED and reason.startswith("unknown_outcome"):
+                        lost[str(fields.get("effect_id"))] += 1
+    return lost
 
 
 def webhook_id_of(effect_id: str) -> str:

@@ -11,6 +11,10 @@
     idempotent-workers chaos --profile cluster      a 3-node cluster, its queue
                                                     leader killed 12 times, a rolling
                                                     restart (`cluster-ci`: 3 kills)
+    idempotent-workers chaos --profile webhooks     one channel's jobs through workers
+                                   webpush          SIGKILLed mid-call, counted at its
+                                                    receiver (`webhooks-ci`, ...: the
+                                                    suite's forms)
 
 It runs against a private RabbitMQ node and PostgreSQL cluster it starts
 itself (so it may crash them), never against the configured ones. Exit 0
@@ -27,6 +31,8 @@ import sys
 from collections.abc import Sequence
 
 from consumers import Settings, configure_logging
+from proving.chaos.channels.profile import CHANNEL_PROFILES
+from proving.chaos.channels.run import ChannelOutcome, run_channel_chaos
 from proving.chaos.failover import ClusterOutcome, cluster_line, run_cluster_chaos
 from proving.chaos.pg_failover import PgOutcome, pg_failover_line, run_pg_failover
 from proving.chaos.pg_schedule import PG_PROFILES
@@ -55,7 +61,7 @@ def chaos_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--profile",
-        choices=sorted([*PROFILES, *CLUSTER_PROFILES, *PG_PROFILES]),
+        choices=sorted([*PROFILES, *CLUSTER_PROFILES, *PG_PROFILES, *CHANNEL_PROFILES]),
         default="ci",
         help="the schedule of faults and the load (default %(default)s)",
     )
@@ -158,6 +164,34 @@ def _pg(profile: str, seed: int, keep: bool, *, control: bool) -> int:
     return 0 if outcome.ok != control else 1
 
 
+async def _guarded_channel(profile: str, seed: int, keep: bool) -> ChannelOutcome:
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, _on_sigterm)
+    run = asyncio.create_task(
+        run_channel_chaos(CHANNEL_PROFILES[profile], seed=seed, keep=keep), name=RUN_TASK
+    )
+    return await run  # unbounded: the run itself; each of its waits has a deadline
+
+
+def _channel(profile: str, seed: int, keep: bool) -> int:
+    outcome = asyncio.run(_guarded_channel(profile, seed, keep))
+    print()
+    rows = [
+        ("publishes confirmed", outcome.publishes),
+        ("workers SIGKILLed by the run", outcome.sigkills),
+        ("workers dead after a send (armed)", outcome.crashes_after_send),
+        ("deaths seen, rows held `sending` then", f"{outcome.deaths}, {outcome.held_at_deaths}"),
+        ("messages left in the queues", outcome.stuck),
+        ("elapsed s", f"{outcome.elapsed_s:.0f}"),
+    ]
+    for name, value in rows:
+        print(f"{name:<40}{value!s:>12}")
+    if outcome.findings.tally.sample:
+        print(f"lost or doubled beyond the window (sample): {outcome.findings.tally.sample}")
+    print()
+    print(outcome.line())
+    return 0 if outcome.ok else 1
+
+
 def main(argv: Sequence[str], settings: Settings) -> int:
     """Entry point of `idempotent-workers chaos` (`settings` are not used: see above)."""
     del settings
@@ -167,6 +201,8 @@ def main(argv: Sequence[str], settings: Settings) -> int:
         return _pg(args.profile, args.seed, args.keep, control=args.control == "async")
     if args.profile in CLUSTER_PROFILES:
         return _cluster(args.profile, args.seed, args.keep)
+    if args.profile in CHANNEL_PROFILES:
+        return _channel(args.profile, args.seed, args.keep)
     outcome = asyncio.run(_guarded(args.profile, args.seed, args.keep))
     print()
     for line in fault_table(outcome.faults):

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,7 +94,9 @@ class Fleet:
         command: tuple[str, ...] | None = None,
         name: str = "worker",
         hang_dir: Path | None = None,
+        on_killed: Callable[[int], None] | None = None,
     ) -> None:
+        self.on_killed = on_killed  # told the pid of each process that died by SIGKILL
         self.hang_dir = hang_dir  # the hang jobs' markers (proving.chaos.app.first_hang)
         self.slot_env = list(slot_env)  # per slot, over `env` (a cluster's address order)
         self.spread_seconds = spread_seconds  # spread the crash quota over this long
@@ -254,6 +256,8 @@ class Fleet:
                 if proc is None or (code := proc.poll()) is None:
                     continue
                 if slot.ready_at == 0.0:
+                    if code == -signal.SIGKILL and self.on_killed is not None:
+                        self.on_killed(proc.pid)  # by the run, or at its own crash point
                     delay = self._classify(slot, code)
                     slot.ready_at = loop.time() + delay
                 if loop.time() >= slot.ready_at and self.running:

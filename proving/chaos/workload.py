@@ -41,6 +41,7 @@ class JobKind(StrEnum):
     MALFORMED = "malformed"
     DECODE_POISON = "decode_poison"  # fails outside the handler: proving.chaos.poison
     PUSH = "push"
+    EFFECT = "effect"  # a webhook, Web Push, e-mail or API job (proving.chaos.channels)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

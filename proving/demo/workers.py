@@ -9,16 +9,14 @@ the wire when it dies. What it held then is read at once
 
 from __future__ import annotations
 
-import contextlib
-import json
 import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dedupe import LEASE_EXPIRED, DbConnection
-from proving.crash_window import Death, died
+from dedupe import DbConnection
+from proving.crash_window import Death, answers_lost, died
 from proving.deadlines import ANSWER_S
 
 
@@ -87,13 +85,4 @@ def unknown_outcomes(log_dir: Path) -> int:
     the connection unknown, then sent again). A send re-leased after the
     SIGKILLed worker's lease expired is not one.
     """
-    unknown = 0
-    for path in sorted(log_dir.glob("worker-*.log")):
-        with path.open(encoding="utf-8", errors="replace") as lines:
-            for line in lines:
-                if '_deferred"' not in line:
-                    continue
-                with contextlib.suppress(ValueError):
-                    reason = str(json.loads(line).get("reason", ""))
-                    unknown += reason != LEASE_EXPIRED and reason.startswith("unknown_outcome")
-    return unknown
+    return sum(answers_lost(log_dir).values())
