@@ -238,8 +238,8 @@ async def _claims_generations(
     rows = 0.0
     gone = await generations.expired(conn, schema, family, retention.keep)
     for generation in gone:
-        await _keep_unsettled_pushes(conn, schema, generation.number)
-        rows += await generations.drop(conn, schema, family, generation.number)
+        kept = await _keep_unsettled_pushes(conn, schema, generation.number)
+        rows += await generations.drop(conn, schema, family, generation.number) - kept
     return _ClaimsSwept(
         rows=round(rows),
         dropped=len(gone),
@@ -248,13 +248,17 @@ async def _claims_generations(
     )
 
 
-async def _keep_unsettled_pushes(conn: DbConnection, schema: str, number: int) -> None:
-    """Copy into the current generation the claims of `number` whose push is not settled."""
+async def _keep_unsettled_pushes(conn: DbConnection, schema: str, number: int) -> int:
+    """Copy into the current generation the claims of `number` whose push is not settled.
+
+    Returns how many: found by a scan of outbound_sends' unsettled rows (it
+    has no index on status), once per generation dropped.
+    """
     q = quote_ident(schema)
     async with conn.transaction():
         # Shared, as a claim holds it: the current generation stays current meanwhile.
         await conn.execute(f"SELECT pg_advisory_xact_lock_shared({ROTATION_LOCK})", schema)
-        await conn.execute(
+        status = await conn.execute(
             f"INSERT INTO {q}.processed_messages"
             " (generation, consumer, tenant, message_id, fingerprint, processed_at)"
             " SELECT g.generation, p.consumer, p.tenant, p.message_id, p.fingerprint,"
@@ -268,6 +272,7 @@ async def _keep_unsettled_pushes(conn: DbConnection, schema: str, number: int) -
             " ON CONFLICT DO NOTHING",
             PROCESSED_MESSAGES.table,
         )
+    return int(status.split()[-1])  # "INSERT 0 n"
 
 
 def _result(counts: dict[str, int]) -> CleanupResult:

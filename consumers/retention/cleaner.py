@@ -1,6 +1,7 @@
 """Retention cleanup: the `cleanup` command, and the periodic one inside `run`.
 
-Both delete through `dedupe.cleanup`, one cleaner per schema at a time (an
+Both go through `dedupe.cleanup` (claims rotate and leave by whole
+generations, the other tables by batched DELETE), one cleaner per schema at a time (an
 advisory lock): a second one says so and returns. A retention shorter than
 the retry horizon plus the replay window (`consumers.retention.retry_horizon`) is refused:
 by `cleanup` for its `--keep-days`, by `run` before it starts.
@@ -31,7 +32,7 @@ log = structlog.get_logger(__name__)
 
 def register(sub: Any) -> None:
     """Add `cleanup` to the CLI's subcommands."""
-    clean = sub.add_parser("cleanup", help="delete dedupe rows past retention, in batches")
+    clean = sub.add_parser("cleanup", help="rotate and drop generations of claims past retention; delete other rows in batches")
     clean.add_argument(
         "--keep-days", type=float, default=None, help="default: IW_RETENTION_DAYS (7)"
     )
@@ -51,7 +52,9 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     need = retention_need(specs, settings.retention, RetryPolicy())
     check_retention(keep, need, setting="--keep-days")
     retention = Retention(
-        keep=keep, batch_size=args.batch_size or settings.retention.cleanup_batch_size
+        keep=keep,
+        batch_size=args.batch_size or settings.retention.cleanup_batch_size,
+        rotate_every=settings.retention.generation_span,
     )
     schema = settings.database.schema
     conn = await asyncpg.connect(settings.database.url)
@@ -61,9 +64,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
             schema,
             retention,
             progress=lambda r: print(
-                f"cleanup: deleted so far: outbound_sends={r.outbound_sends} "
-                f"processed_messages={r.processed_messages} outbox={r.outbox} "
-                f"ingress_keys={r.ingress_keys} ingress_messages={r.ingress_messages}",
+                f"cleanup: deleted so far: outbound_sends={r.outbound_sends} outbox={r.outbox}"
+                f" ingress_keys={r.ingress_keys} ingress_messages={r.ingress_messages}",
                 flush=True,
             ),
             wait=args.wait,
@@ -74,10 +76,11 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         await conn.close()
     print(
-        f"cleanup: schema={schema} older_than={keep_days}d "
-        f"processed_messages={result.processed_messages} outbound_sends={result.outbound_sends}"
-        f" outbox={result.outbox} ingress_keys={result.ingress_keys}"
-        f" ingress_messages={result.ingress_messages}"
+        f"cleanup: schema={schema} older_than={keep_days}d"
+        f" processed_messages={result.processed_messages}"
+        f" generations_dropped={result.generations_dropped} generation={result.generation}"
+        f" outbound_sends={result.outbound_sends} outbox={result.outbox}"
+        f" ingress_keys={result.ingress_keys} ingress_messages={result.ingress_messages}"
     )
     return 0
 
@@ -87,7 +90,9 @@ async def clean_periodically(settings: Settings) -> None:
     interval = settings.retention.cleanup_interval_seconds
     assert interval is not None and interval > 0
     retention = Retention(
-        keep=settings.retention.keep, batch_size=settings.retention.cleanup_batch_size
+        keep=settings.retention.keep,
+        batch_size=settings.retention.cleanup_batch_size,
+        rotate_every=settings.retention.generation_span,
     )
     while True:
         await asyncio.sleep(interval * random.uniform(0.75, 1.0))
@@ -101,6 +106,9 @@ async def clean_periodically(settings: Settings) -> None:
             log.info(
                 "cleanup_done",
                 processed_messages=result.processed_messages,
+                generations_dropped=result.generations_dropped,
+                generation=result.generation,
+                rotated=result.rotated,
                 outbound_sends=result.outbound_sends,
                 outbox=result.outbox,
                 ingress_keys=result.ingress_keys,
