@@ -63,9 +63,12 @@ from proving.deadlines import ANSWER_S, within
 
 def catalog(names: Sequence[str]) -> list[Variant]:
     """The variants called `names`, in that order; FastStream's only if installed."""
-    from proving.bench import bare, ours, untimed
+    from proving.bench import anchors, bare, ours, untimed
 
-    known = {v.name: v for v in (*bare.VARIANTS, *untimed.VARIANTS, *ours.VARIANTS)}
+    known = {
+        v.name: v
+        for v in (*bare.VARIANTS, *untimed.VARIANTS, *anchors.VARIANTS, *ours.VARIANTS)
+    }
     try:
         from proving.bench import rival
     except ImportError:
