@@ -107,7 +107,9 @@ async def current(conn: DbConnection, schema: str, family: Family) -> Generation
     raise DedupeError(f"{schema}.{family.table} has no current generation")
 
 
-async def make_ahead(conn: DbConnection, schema: str, family: Family, *, count: int = 1) -> list[int]:
+async def make_ahead(
+    conn: DbConnection, schema: str, family: Family, *, count: int = 1
+) -> list[int]:
     """Create generations until `count` follow the current one; return those created (2.)."""
     q = quote_ident(schema)
     now = await current(conn, schema, family)

@@ -45,6 +45,7 @@ import datetime
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
+
 import structlog
 
 from dedupe import generations

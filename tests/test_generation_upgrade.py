@@ -9,8 +9,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from dedupe import Claim, ClaimOutcome, DedupeKey, Inbox, migrate, quote_ident
-from dedupe import generations
+from dedupe import Claim, ClaimOutcome, DedupeKey, Inbox, generations, migrate, quote_ident
 from dedupe.generations import PROCESSED_MESSAGES
 from proving.deadlines import ANSWER_S, within
 from tests.conftest import DATABASE_URL

@@ -20,8 +20,16 @@ from typing import Protocol
 import asyncpg
 import pytest
 
-from dedupe import Claim, ClaimOutcome, DbConnection, DedupeKey, Inbox, Retention, cleanup
-from dedupe import generations
+from dedupe import (
+    Claim,
+    ClaimOutcome,
+    DbConnection,
+    DedupeKey,
+    Inbox,
+    Retention,
+    cleanup,
+    generations,
+)
 from dedupe.generations import PROCESSED_MESSAGES
 from proving.deadlines import ANSWER_S, within
 from tests.conftest import DATABASE_URL
@@ -67,7 +75,7 @@ class Naive:
     def __init__(self, schema: str) -> None:
         self.schema = schema
 
-    async def create(self, conn: asyncpg.Connection) -> None:
+    async def create(self, conn: DbConnection) -> None:
         await conn.execute(
             "CREATE TABLE naive_claims (consumer text NOT NULL, tenant text NOT NULL,"
             " message_id text NOT NULL, fingerprint bytea NOT NULL, bucket integer NOT NULL,"
@@ -114,7 +122,9 @@ async def _race(design: Design, schema: str, db: DbConnection) -> dict[str, int]
         for n in range(ROUNDS):
             message_id = f"m-{n}"
 
-            async def deliver(conn: asyncpg.Connection, worker: int, skew: int) -> None:
+            async def deliver(
+                conn: asyncpg.Connection, worker: int, skew: int, message_id: str = message_id
+            ) -> None:
                 for _ in range(skew):  # a varying head start, in round trips, not in sleeps
                     await conn.fetchval("SELECT 1")
                 for _delivery in range(2):  # a delivery, then its redelivery
@@ -210,7 +220,8 @@ async def test_a_claim_outside_read_committed_is_refused(db: DbConnection, schem
             await Inbox(schema).claim(db, [Claim(key=key, fingerprint=b"a")])
 
 
-async def _statements(conn: asyncpg.Connection) -> list[str]:
+async def _statements(conn: DbConnection) -> list[str]:
+    assert isinstance(conn, asyncpg.Connection)
     seen: list[str] = []
     conn.add_query_logger(lambda logged: seen.append(logged.query))
     return seen
@@ -275,16 +286,15 @@ async def test_a_detach_cut_off_halfway_is_finished_by_the_next_cleanup(
         async with asyncio.timeout(ANSWER_S):
             while not await pending():
                 await asyncio.sleep(0.05)
-        await db.execute(
-            "SELECT pg_terminate_backend($1)", detacher.get_server_pid()
-        )
+        await db.execute("SELECT pg_terminate_backend($1)", detacher.get_server_pid())
         with pytest.raises((asyncpg.PostgresError, ConnectionError)):
             await within(ANSWER_S, "the cut-off detach", detach)
     finally:
         await blocker.close()
         detacher.terminate()
     assert await db.fetchval(
-        "SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = 'processed_messages_g0'::regclass"
+        "SELECT inhdetachpending FROM pg_inherits"
+        " WHERE inhrelid = 'processed_messages_g0'::regclass"
     )
     result = await cleanup(db, schema, retention)
     assert result.generations_dropped == 1

@@ -32,7 +32,10 @@ log = structlog.get_logger(__name__)
 
 def register(sub: Any) -> None:
     """Add `cleanup` to the CLI's subcommands."""
-    clean = sub.add_parser("cleanup", help="rotate and drop generations of claims past retention; delete other rows in batches")
+    clean = sub.add_parser(
+        "cleanup",
+        help="rotate and drop generations of claims past retention; delete other rows in batches",
+    )
     clean.add_argument(
         "--keep-days", type=float, default=None, help="default: IW_RETENTION_DAYS (7)"
     )

@@ -66,8 +66,7 @@ def catalog(names: Sequence[str]) -> list[Variant]:
     from proving.bench import anchors, bare, ours, untimed
 
     known = {
-        v.name: v
-        for v in (*bare.VARIANTS, *untimed.VARIANTS, *anchors.VARIANTS, *ours.VARIANTS)
+        v.name: v for v in (*bare.VARIANTS, *untimed.VARIANTS, *anchors.VARIANTS, *ours.VARIANTS)
     }
     try:
         from proving.bench import rival

@@ -223,8 +223,8 @@ class Stopwatch:
             watch._acked(channel, delivery_tag, multiple)
 
         # A measuring instrument, installed for the anchor's run only.
-        aiormq.Channel.basic_consume = basic_consume  # type: ignore[method-assign]
-        aiormq.Channel.basic_ack = basic_ack  # type: ignore[method-assign]
+        aiormq.Channel.basic_consume = basic_consume  # type: ignore[method-assign, assignment]
+        aiormq.Channel.basic_ack = basic_ack  # type: ignore[method-assign, assignment]
         try:
             yield self
         finally:
