@@ -64,7 +64,7 @@ from proving.bench import catalog, schedstat
 from proving.bench.options import DEFAULT_LOG_FILE, BenchOptions
 from proving.bench.rounds import Result, Rounds, say, since
 from proving.bench.sandbox import Sandbox
-from proving.bench.share import Meter, tree
+from proving.bench.share import TICK, cpu_seconds, tree
 from proving.bench.steady_fill import BYTES_PER_ROW, fill, plan
 from proving.bench.stopwatch import Stopwatch
 from proving.bench.variant import Variant
@@ -130,11 +130,17 @@ class ServerMeter:
         self.admin = admin
         self.postmaster = postmaster
         self.watch = watch
-        self.meter = Meter()
         self.phase: Phase | None = None
 
     def _cpu(self) -> float:
-        return self.meter.total(tree(self.postmaster))
+        """CPU seconds of the postmaster and its children, those gone included.
+
+        A run's backends exit before it ends (the worker's pool closes): the
+        postmaster reaped them, so their time is in its cutime and cstime.
+        """
+        live = sum(cpu_seconds(pid) for pid in tree(self.postmaster))
+        fields = Path(f"/proc/{self.postmaster}/stat").read_text().rsplit(")", 1)[1].split()
+        return live + (int(fields[13]) + int(fields[14])) / TICK  # cutime, cstime
 
     @contextlib.asynccontextmanager
     async def probe(self, variant: Variant) -> AsyncIterator[None]:
