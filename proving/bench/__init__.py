@@ -173,7 +173,7 @@ async def bench(options: BenchOptions, settings: Settings) -> int:
                 say(paced_line(rate, paced, fixed=fixed is not None))
             if options.prefill > 0:
                 seconds = await prefill(
-                    admin,
+                    settings.database.url,
                     schema=sandbox.schema,
                     consumer=sandbox.queue,
                     rows=options.prefill,
