@@ -160,7 +160,7 @@ async def rotate(conn: DbConnection, schema: str, family: Family) -> int:
             raise RotationBusy(
                 f"claims of {schema!r} held the rotation lock past {ROTATION_LOCK_TIMEOUT}"
             ) from exc
-        number: int = await conn.fetchval(
+        number: int | None = await conn.fetchval(
             f"WITH ended AS (UPDATE {q}.dedupe_generations SET ended_at = clock_timestamp()"
             "  WHERE family = $1 AND began_at IS NOT NULL AND ended_at IS NULL"
             "  RETURNING generation)"
@@ -169,6 +169,8 @@ async def rotate(conn: DbConnection, schema: str, family: Family) -> int:
             " RETURNING g.generation",
             family.table,
         )
+        if number is None:  # no next generation: roll back rather than leave none current
+            raise DedupeError(f"{schema}.{family.table}: no generation to make current")
     return number
 
 

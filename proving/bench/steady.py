@@ -126,7 +126,7 @@ class Phase:
 class ServerMeter:
     """WAL and CPU of the server around each run (the `probe` of `Rounds`)."""
 
-    def __init__(self, admin: asyncpg.Connection, postmaster: int, watch: Stopwatch) -> None:
+    def __init__(self, admin: asyncpg.Connection, postmaster: int | None, watch: Stopwatch) -> None:
         self.admin = admin
         self.postmaster = postmaster
         self.watch = watch
@@ -137,7 +137,10 @@ class ServerMeter:
 
         A run's backends exit before it ends (the worker's pool closes): the
         postmaster reaped them, so their time is in its cutime and cstime.
+        NaN for a server not on this machine.
         """
+        if self.postmaster is None:
+            return float("nan")
         live = sum(cpu_seconds(pid) for pid in tree(self.postmaster))
         fields = Path(f"/proc/{self.postmaster}/stat").read_text().rsplit(")", 1)[1].split()
         return live + (int(fields[13]) + int(fields[14])) / TICK  # cutime, cstime
@@ -269,7 +272,7 @@ async def _phase(
     return phase
 
 
-async def steady(options: Options, settings: Settings, url: str, postmaster: int) -> int:
+async def steady(options: Options, settings: Settings, url: str, postmaster: int | None) -> int:
     started = time.monotonic()
     install_frame_reader()
     sandbox = Sandbox.fresh(settings.amqp)
@@ -347,13 +350,16 @@ def _room(path: Path, rows: int) -> None:
         raise SystemExit(f"steady: not enough disk for --rows {rows:,}")
 
 
-async def _postmaster(url: str) -> int:
+async def _postmaster(url: str) -> int | None:
+    """The server's postmaster (a backend's parent); None if it is not on this machine."""
     conn = await asyncpg.connect(url, timeout=ANSWER_S)
     try:
         backend = await conn.fetchval("SELECT pg_backend_pid()", timeout=ANSWER_S)
+        return _parent(backend)
+    except OSError:
+        return None
     finally:
         await conn.close()
-    return _parent(backend)  # a backend's parent: the postmaster
 
 
 def _parent(pid: int) -> int:
