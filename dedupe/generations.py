@@ -29,8 +29,8 @@ once across all of them:
    row in it committed before it ended, so its newest row is older than
    retention. DETACH PARTITION ... CONCURRENTLY (SHARE UPDATE EXCLUSIVE on
    the parent; it waits for the transactions that may still read it, no
-   claim waits for it), then DROP TABLE: the cost of a file unlink, whatever
-   the generation holds. No claim writes an ended generation, so this needs
+   claim waits for it), then DROP TABLE: no row read or written, only the
+   file system's unlink of its files. No claim writes an ended generation, so this needs
    no rotation lock; a lookup still reading it sees rows past retention,
    which a redelivery may find or not, as the contract allows. A detach cut
    off halfway (its connection lost) is finished (FINALIZE) by the next drop.

@@ -266,8 +266,12 @@ async def _keep_unsettled_pushes(conn: DbConnection, schema: str, number: int) -
             "  p.processed_at"
             f" FROM (SELECT DISTINCT consumer, tenant, message_id FROM {q}.outbound_sends"
             "  WHERE status NOT IN ('sent', 'failed')) AS o"
-            f" JOIN {q}.{quote_ident(PROCESSED_MESSAGES.partition(number))} p"
-            "  USING (consumer, tenant, message_id)"
+            # One probe of the generation's primary key per unsettled job, whatever
+            # the planner thinks of the two tables' sizes (LIMIT keeps it a lookup).
+            " CROSS JOIN LATERAL (SELECT * FROM"
+            f"  {q}.{quote_ident(PROCESSED_MESSAGES.partition(number))} x"
+            "  WHERE (x.consumer, x.tenant, x.message_id) = (o.consumer, o.tenant, o.message_id)"
+            "  LIMIT 1) AS p"
             f" CROSS JOIN (SELECT generation FROM {q}.dedupe_generations"
             "  WHERE family = $1 AND began_at IS NOT NULL AND ended_at IS NULL) AS g"
             " ON CONFLICT DO NOTHING",
