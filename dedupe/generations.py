@@ -30,10 +30,11 @@ once across all of them:
    retention. DETACH PARTITION ... CONCURRENTLY (SHARE UPDATE EXCLUSIVE on
    the parent; it waits for the transactions that may still read it, no
    claim waits for it), then DROP TABLE: no row read or written, only the
-   file system's unlink of its files. No claim writes an ended generation, so this needs
-   no rotation lock; a lookup still reading it sees rows past retention,
-   which a redelivery may find or not, as the contract allows. A detach cut
-   off halfway (its connection lost) is finished (FINALIZE) by the next drop.
+   file system's unlink of its files. No claim writes an ended generation,
+   so this needs no rotation lock; a lookup still reading it sees rows past
+   retention, which a redelivery may find or not, as the contract allows. A
+   detach cut off halfway (its connection lost) is finished (FINALIZE) by
+   the next drop.
 
 Only the cleaner rotates and drops (`dedupe.retention`, one cleaner per
 schema at a time).
