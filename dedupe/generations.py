@@ -1,18 +1,19 @@
 """Generations: dedupe tables whose rows leave by whole tables, never by DELETE.
 
 A family is a dedupe table partitioned by generation (`processed_messages`,
-migration 0012); each generation is a table of its own with its own primary
-key on the dedupe key, listed in `dedupe_generations`. Exactly one
-generation of a family is current: claims insert there. A key is claimed
-once across all of them:
+`ingress_idempotency_keys`: migration 0012); each generation is a table of
+its own with its own primary key on the dedupe key, listed in
+`dedupe_generations`. Exactly one generation of a family is current: claims
+insert there. A key is claimed once across all of them:
 
-1. A claim (`claim_messages()`, migration 0012) holds the schema's rotation
-   lock shared until its transaction ends, then, in snapshots taken after
-   that, reads which generation is current, looks its keys up in every older
-   live generation (a key found there is a duplicate or a reuse, as before)
-   and inserts the others into the current one, whose primary key decides
-   two claimants of one key (ON CONFLICT DO NOTHING: the second waits for
-   the first's commit). One statement, one round trip, as before.
+1. A claim (`claim_messages()`, `accept_messages()`: migration 0012) holds
+   the schema's rotation lock shared until its transaction ends, then, in
+   snapshots taken after that, reads which generation is current, looks its
+   keys up in every older live generation (a key found there is a duplicate
+   or a reuse, as before) and inserts the others into the current one, whose
+   primary key decides two claimants of one key (ON CONFLICT DO NOTHING: the
+   second waits for the first's commit). One statement, one round trip, as
+   before.
 2. `make_ahead` creates the next generations before they are needed: the
    table, its primary key and BRIN index, a CHECK proving its bound, then
    ATTACH PARTITION, which takes SHARE UPDATE EXCLUSIVE on the parent: the
@@ -81,6 +82,13 @@ PROCESSED_MESSAGES = Family(
     key=("consumer", "tenant", "message_id"),
     time_column="processed_at",
 )
+# The send API's idempotency keys: accept_messages() (migration 0012) claims them.
+INGRESS_KEYS = Family(
+    table="ingress_idempotency_keys",
+    key=("tenant", "idempotency_key"),
+    time_column="created_at",
+)
+FAMILIES = (PROCESSED_MESSAGES, INGRESS_KEYS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,8 +33,9 @@ this module only removes what is older than it is told, like this:
    its generation (its ledger rows stay, as below).
 6. A push job whose sends are not all `sent` or `failed` keeps those ledger
    rows until they are.
-7. The send API's idempotency keys go after the same time (a retry later than
-   that makes a new message), and its messages too, unless still `queued`.
+7. The send API's idempotency keys leave by generations too, as the claims
+   (a retry later than retention makes a new message); its messages by the
+   batches of 3., unless still `queued`.
 8. An outbox row not yet published is kept whatever its age; published
    ones go by their `created_at`.
 """
@@ -51,7 +52,13 @@ import structlog
 from dedupe import generations
 from dedupe.connection import DbConnection
 from dedupe.errors import DedupeError
-from dedupe.generations import PROCESSED_MESSAGES, ROTATION_LOCK, RotationBusy, current
+from dedupe.generations import (
+    INGRESS_KEYS,
+    PROCESSED_MESSAGES,
+    ROTATION_LOCK,
+    RotationBusy,
+    current,
+)
 from dedupe.migrate import quote_ident
 
 log = structlog.get_logger(__name__)
@@ -95,7 +102,7 @@ class CleanupResult:
     processed_messages: int  # rows of the generations dropped, as the planner estimated them
     outbound_sends: int
     batches: int = 0
-    ingress_keys: int = 0
+    ingress_keys: int = 0  # rows of the key generations dropped, as the planner estimated them
     ingress_messages: int = 0
     outbox: int = 0  # published outbox rows
     generations_dropped: int = 0
@@ -119,15 +126,6 @@ def _outbox_batch(q: str) -> str:
         f" SELECT ctid FROM {q}.outbox"
         "  WHERE created_at >= $1 AND created_at < $2 AND published_at IS NOT NULL"
         "  LIMIT $3)) RETURNING created_at)"
-        " SELECT count(*)::int AS deleted, min(created_at) AS oldest FROM gone"
-    )
-
-
-def _ingress_keys_batch(q: str) -> str:
-    return (
-        f"WITH gone AS (DELETE FROM {q}.ingress_idempotency_keys WHERE ctid = ANY(ARRAY("
-        f" SELECT ctid FROM {q}.ingress_idempotency_keys"
-        "  WHERE created_at >= $1 AND created_at < $2 LIMIT $3)) RETURNING created_at)"
         " SELECT count(*)::int AS deleted, min(created_at) AS oldest FROM gone"
     )
 
@@ -173,11 +171,10 @@ async def _sweep(
 ) -> CleanupResult:
     q = quote_ident(schema)
     cutoff = await conn.fetchval("SELECT now() - $1::interval", retention.keep)
-    counts = {"sends": 0, "outbox": 0, "keys": 0, "messages": 0, "batches": 0}
+    counts = {"sends": 0, "outbox": 0, "messages": 0, "batches": 0}
     for name, sql in (
         ("sends", _sends_batch(q)),
         ("outbox", _outbox_batch(q)),
-        ("keys", _ingress_keys_batch(q)),
         ("messages", _ingress_messages_batch(q)),
     ):
         cursor = _EPOCH
@@ -200,29 +197,30 @@ async def _sweep(
                 cursor = _EPOCH
             else:
                 break
-    claims = await _claims_generations(conn, schema, retention)
+    claims = await _generations(conn, schema, PROCESSED_MESSAGES, retention)
+    keys = await _generations(conn, schema, INGRESS_KEYS, retention)
     return replace(
         _result(counts),
         processed_messages=claims.rows,
         generations_dropped=claims.dropped,
         generation=claims.generation,
         rotated=claims.rotated,
+        ingress_keys=keys.rows,
     )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _ClaimsSwept:
+class _Swept:
     rows: int  # estimated
     dropped: int
     generation: int
     rotated: bool
 
 
-async def _claims_generations(
-    conn: DbConnection, schema: str, retention: Retention
-) -> _ClaimsSwept:
-    """Step 5: rotate processed_messages when due, drop the generations past retention."""
-    family = PROCESSED_MESSAGES
+async def _generations(
+    conn: DbConnection, schema: str, family: generations.Family, retention: Retention
+) -> _Swept:
+    """Steps 5 and 7: rotate `family` when due, drop its generations past retention."""
     await generations.make_ahead(conn, schema, family)
     rotated = False
     now = await current(conn, schema, family)
@@ -232,16 +230,18 @@ async def _claims_generations(
         try:
             await generations.rotate(conn, schema, family)
         except RotationBusy as busy:
-            log.info("rotation_postponed", schema=schema, reason=str(busy))
+            log.info("rotation_postponed", schema=schema, table=family.table, reason=str(busy))
         else:
             rotated = True
             await generations.make_ahead(conn, schema, family)
     rows = 0.0
     gone = await generations.expired(conn, schema, family, retention.keep)
     for generation in gone:
-        kept = await _keep_unsettled_pushes(conn, schema, generation.number)
+        kept = 0
+        if family is PROCESSED_MESSAGES:
+            kept = await _keep_unsettled_pushes(conn, schema, generation.number)
         rows += await generations.drop(conn, schema, family, generation.number) - kept
-    return _ClaimsSwept(
+    return _Swept(
         rows=round(rows),
         dropped=len(gone),
         generation=(await current(conn, schema, family)).number,
@@ -285,7 +285,6 @@ def _result(counts: dict[str, int]) -> CleanupResult:
         processed_messages=0,
         outbound_sends=counts["sends"],
         batches=counts["batches"],
-        ingress_keys=counts["keys"],
         ingress_messages=counts["messages"],
         outbox=counts["outbox"],
     )

@@ -1,6 +1,7 @@
 """Claims across generations: one effect per key however claims and rotations interleave.
 
-The race test runs the same rounds against two designs: ours (`dedupe.generations`:
+The race test runs the same rounds against our claims, our send API's keys and a
+naive design: ours (`dedupe.generations`:
 claims hold the rotation lock shared and look up the older generations) and the
 naive one (each claim writes the partition of its own time, the only unique
 index is that partition's), which this module builds for itself. A round: three
@@ -21,16 +22,19 @@ import asyncpg
 import pytest
 
 from dedupe import (
+    Acceptance,
     Claim,
     ClaimOutcome,
     DbConnection,
     DedupeKey,
     Inbox,
+    Messages,
+    NewMessage,
     Retention,
     cleanup,
     generations,
 )
-from dedupe.generations import PROCESSED_MESSAGES
+from dedupe.generations import INGRESS_KEYS, PROCESSED_MESSAGES
 from proving.deadlines import ANSWER_S, within
 from tests.conftest import DATABASE_URL
 
@@ -48,6 +52,8 @@ class Design(Protocol):
 class Generations:
     """Ours: `Inbox.claim` and the cleaner's rotation, on the schema's real tables."""
 
+    family = PROCESSED_MESSAGES
+
     def __init__(self, schema: str) -> None:
         self.schema = schema
         self.inbox = Inbox(schema)
@@ -58,15 +64,33 @@ class Generations:
         return outcome is ClaimOutcome.NEW
 
     async def rotate(self, conn: asyncpg.Connection) -> None:
-        await generations.rotate(conn, self.schema, PROCESSED_MESSAGES)
-        await generations.make_ahead(conn, self.schema, PROCESSED_MESSAGES)
+        await generations.rotate(conn, self.schema, self.family)
+        await generations.make_ahead(conn, self.schema, self.family)
         ended = [
             g
-            for g in await generations.live(conn, self.schema, PROCESSED_MESSAGES)
+            for g in await generations.live(conn, self.schema, self.family)
             if g.ended_at is not None
         ]
         for old in ended[:-KEEP_GENERATIONS]:
-            await generations.drop(conn, self.schema, PROCESSED_MESSAGES, old.number)
+            await generations.drop(conn, self.schema, self.family, old.number)
+
+
+class IngressKeys(Generations):
+    """Ours for the send API's idempotency keys: `Messages.accept`, the same rotation."""
+
+    family = INGRESS_KEYS
+
+    async def claim(self, conn: asyncpg.Connection, message_id: str) -> bool:
+        request = NewMessage(
+            tenant="t",
+            idempotency_key=message_id,
+            fingerprint=FINGERPRINT,
+            queue="push",
+            targets=1,
+            job=b"{}",
+        )
+        [accepted] = await Messages(self.schema).accept(conn, [request])
+        return accepted.outcome is Acceptance.QUEUED
 
 
 class Naive:
@@ -163,6 +187,16 @@ async def test_claims_racing_rotations_apply_each_message_once(
     # The rounds did cross generations: each rotated once.
     now = await generations.current(db, schema, PROCESSED_MESSAGES)
     assert now.number == ROUNDS
+
+
+async def test_send_api_requests_racing_rotations_queue_each_key_once(
+    db: DbConnection, schema: str
+) -> None:
+    effects = await _race(IngressKeys(schema), schema, db)
+    assert len(effects) == ROUNDS
+    assert {m: n for m, n in effects.items() if n != 1} == {}
+    assert await db.fetchval("SELECT count(*) FROM ingress_messages") == ROUNDS
+    assert (await generations.current(db, schema, INGRESS_KEYS)).number == ROUNDS
 
 
 async def test_the_same_race_applies_messages_twice_on_the_naive_design(

@@ -14,7 +14,7 @@ import pytest
 from consumers import HandlerSpec, Publisher, RetentionSettings, RetryPolicy
 from consumers.retention.retry_horizon import retention_need, retry_horizon
 from dedupe import CleanerBusy, DbConnection, Retention, cleanup, generations
-from dedupe.generations import PROCESSED_MESSAGES
+from dedupe.generations import INGRESS_KEYS, PROCESSED_MESSAGES
 from tests.apps.effects import FAST_RETRY
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
 from tests.support import ROOT, wait_declared, wait_for
@@ -35,6 +35,7 @@ async def _seed(db: DbConnection) -> None:
     )
     await db.execute("ANALYZE processed_messages_g0")  # cleanup reports the planner's count
     await generations.rotate(db, schema, PROCESSED_MESSAGES)
+    await generations.rotate(db, schema, INGRESS_KEYS)
     await db.execute(
         "UPDATE dedupe_generations SET ended_at = now() - interval '8 days' WHERE generation = 0"
     )
@@ -101,11 +102,12 @@ async def test_cleanup_command_reports_what_it_deleted(db: DbConnection, schema:
         "  now() - interval '8 days' FROM generate_series(1, 3) n"
     )
     await db.execute(
-        "INSERT INTO ingress_idempotency_keys"
-        " (tenant, idempotency_key, fingerprint, message_id, created_at)"
-        " SELECT 't', 'k-' || n, '\\x00', gen_random_uuid(), now() - interval '8 days'"
+        "INSERT INTO ingress_idempotency_keys_g0"
+        " (generation, tenant, idempotency_key, fingerprint, message_id, created_at)"
+        " SELECT 0, 't', 'k-' || n, '\\x00', gen_random_uuid(), now() - interval '8 days'"
         " FROM generate_series(1, 3) n"
     )
+    await db.execute("ANALYZE ingress_idempotency_keys_g0")
     done = subprocess.run(
         [sys.executable, "-m", "consumers", "cleanup", "--keep-days", "7", "--batch-size", "7"],
         env={"DATABASE_URL": DATABASE_URL, "DATABASE_SCHEMA": schema, "PATH": "/usr/bin"},
@@ -252,18 +254,15 @@ async def test_cleanup_deletes_rows_stored_out_of_time_order(db: DbConnection, s
     """Newer rows first on disk: the time cursor steps past the older ones, the last pass not."""
     for age_days, count in ((9, 30), (20, 30), (1, 10)):
         await db.execute(
-            "INSERT INTO ingress_idempotency_keys"
-            " (tenant, idempotency_key, fingerprint, message_id, created_at)"
-            " SELECT 't', $1 || '-' || n, '\\x00', gen_random_uuid(),"
-            "  now() - $2 * interval '1 day' + n * interval '1 second'"
+            "INSERT INTO outbox (queue, message_id, body, created_at, published_at)"
+            " SELECT 'q', $1 || '-' || n, '\\x00',"
+            "  now() - $2 * interval '1 day' + n * interval '1 second', now()"
             " FROM generate_series(1, $3) n",
             f"age{age_days}",
             age_days,
             count,
         )
     result = await cleanup(db, schema, Retention(batch_size=10))
-    assert result.ingress_keys == 60
-    left = await db.fetchval(
-        "SELECT count(*) FROM ingress_idempotency_keys WHERE idempotency_key LIKE 'age1-%'"
-    )
-    assert left == await db.fetchval("SELECT count(*) FROM ingress_idempotency_keys") == 10
+    assert result.outbox == 60
+    left = await db.fetchval("SELECT count(*) FROM outbox WHERE message_id LIKE 'age1-%'")
+    assert left == await db.fetchval("SELECT count(*) FROM outbox") == 10

@@ -68,7 +68,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
             retention,
             progress=lambda r: print(
                 f"cleanup: deleted so far: outbound_sends={r.outbound_sends} outbox={r.outbox}"
-                f" ingress_keys={r.ingress_keys} ingress_messages={r.ingress_messages}",
+                f" ingress_messages={r.ingress_messages}",
                 flush=True,
             ),
             wait=args.wait,
