@@ -2,21 +2,33 @@
 
 Everything a user, a test or a tool of ours needs is imported here and listed
 in `__all__`; the subpackages (message, handlers, pipeline, push, publishing,
-broker, retention, telemetry, runtime, commands) are the inside, free to change.
+broker, retention, telemetry, runtime, commands, jobs, effects) are the inside,
+free to change. `consumers.testing`, the kit for testing your own handlers, is
+a public face of its own, as structlog's `testing` is.
 """
 
-from consumers.handlers.app import App, load_app
+from consumers.effects.circuit import CircuitState, CircuitView
+from consumers.handlers.app import App
 from consumers.handlers.context import Batch, Context
 from consumers.handlers.faults import NO_FAULTS, CrashPoint, Faults, NoFaults
+from consumers.handlers.loading import AppNotLoaded, AppProblem, load_app
 from consumers.handlers.retry import RetryPolicy, dead_letter_queue, tier_queue
 from consumers.handlers.spec import (
     BatchHandler,
-    DeadToken,
+    EffectSpec,
     HandlerSpec,
     InvalidTokenHook,
     MessageHandler,
     ProviderFactory,
-    PushSpec,
+)
+from consumers.jobs.kind import DeadTarget, EffectKind, InvalidJob, Recipient
+from consumers.jobs.push import PUSH, InvalidPushJob, PushJob, parse_push_job, push_job_body
+from consumers.jobs.webhook import (
+    InvalidWebhookJob,
+    WebhookJob,
+    WebhookKind,
+    parse_webhook_job,
+    webhook_job_body,
 )
 from consumers.message.decisions import (
     ConfigurationError,
@@ -32,6 +44,7 @@ from consumers.message.envelope import (
     BadInput,
     Envelope,
 )
+from consumers.publishing.parts import JobPart, publish_push_job, push_job_parts
 from consumers.publishing.publisher import (
     Job,
     NotConfirmed,
@@ -42,9 +55,6 @@ from consumers.publishing.publisher import (
     job_message,
 )
 from consumers.publishing.relay import Relay
-from consumers.push.circuit import CircuitState, CircuitView
-from consumers.push.job import InvalidPushJob, PushJob, parse_push_job, push_job_body
-from consumers.push.parts import JobPart, publish_push_job, push_job_parts
 from consumers.runtime.worker import Worker
 from consumers.settings import (
     AmqpSettings,
@@ -53,6 +63,7 @@ from consumers.settings import (
     RelaySettings,
     RetentionSettings,
     Settings,
+    WebhookSettings,
     WorkerSettings,
 )
 from consumers.telemetry.logs import configure_logging
@@ -61,10 +72,13 @@ from dedupe import UnknownOutcome
 __all__ = [
     "ATTEMPT_HEADER",
     "NO_FAULTS",
+    "PUSH",
     "REASON_HEADER",
     "TENANT_HEADER",
     "AmqpSettings",
     "App",
+    "AppNotLoaded",
+    "AppProblem",
     "BadInput",
     "Batch",
     "BatchHandler",
@@ -75,13 +89,17 @@ __all__ = [
     "Context",
     "CrashPoint",
     "DatabaseSettings",
-    "DeadToken",
+    "DeadTarget",
+    "EffectKind",
+    "EffectSpec",
     "Envelope",
     "Faults",
     "HandlerDecision",
     "HandlerSpec",
+    "InvalidJob",
     "InvalidPushJob",
     "InvalidTokenHook",
+    "InvalidWebhookJob",
     "Job",
     "JobPart",
     "MessageHandler",
@@ -92,8 +110,8 @@ __all__ = [
     "PublisherError",
     "PublisherSettings",
     "PushJob",
-    "PushSpec",
     "QueueType",
+    "Recipient",
     "Reject",
     "Relay",
     "RelaySettings",
@@ -103,6 +121,9 @@ __all__ = [
     "Settings",
     "UnknownOutcome",
     "Unroutable",
+    "WebhookJob",
+    "WebhookKind",
+    "WebhookSettings",
     "Worker",
     "WorkerSettings",
     "configure_logging",
@@ -110,8 +131,10 @@ __all__ = [
     "job_message",
     "load_app",
     "parse_push_job",
+    "parse_webhook_job",
     "publish_push_job",
     "push_job_body",
     "push_job_parts",
     "tier_queue",
+    "webhook_job_body",
 ]

@@ -85,6 +85,10 @@ class WorkerSettings:
     # A loop stuck this long past the longest deadline (a handler blocking it)
     # ends the process (consumers.runtime.watchdog); also the sessions' backstop margin.
     watchdog_grace_seconds: float = 10.0
+    # Web Push endpoint hosts a push job may name although private or loopback
+    # (providers.webpush_subscription): for tests and demos only, never production.
+    # IW_WEBPUSH_ALLOW_HOSTS, comma-separated; WebPushSettings.allow_hosts is the sender's.
+    webpush_allow_hosts: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.handler_timeout_seconds > 0 or not self.watchdog_grace_seconds > 0:
@@ -142,6 +146,89 @@ class RelaySettings:
             raise ValueError("relay batch_size, concurrency and poll interval must be positive")
 
 
+TRACE_EXPORTERS = ("otlp", "console")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TracingSettings:
+    """Whether spans are made and exported (`consumers.telemetry.tracing`).
+
+    Read from the standard OpenTelemetry variables only; the SDK reads the others
+    (service name, resource, sampler, batch processor, OTLP endpoint) itself."""
+
+    exporter: str | None = None  # otlp | console; None: off
+    protocol: str = "http/protobuf"  # OTLP's; only http/protobuf is shipped
+
+    @property
+    def enabled(self) -> bool:
+        return self.exporter is not None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> TracingSettings:
+        """On when OTEL_TRACES_EXPORTER names an exporter, or an OTLP endpoint is set;
+        off with OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none."""
+        if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            return cls()
+        named = [
+            name.strip().lower()
+            for name in env.get("OTEL_TRACES_EXPORTER", "").split(",")
+            if name.strip()
+        ]
+        if "none" in named:
+            return cls()
+        unknown = [name for name in named if name not in TRACE_EXPORTERS]
+        if unknown:
+            raise ValueError(
+                f"OTEL_TRACES_EXPORTER: {', '.join(unknown)} is not one of otlp, console"
+            )
+        endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+            "OTEL_EXPORTER_OTLP_ENDPOINT"
+        )
+        exporter = named[0] if named else ("otlp" if endpoint else None)
+        protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get(
+            "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+        )
+        return cls(exporter=exporter, protocol=protocol.strip().lower())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WebhookSettings:
+    """Webhooks: how they are sent (`App.webhook_handler`) and their endpoints kept
+    (`idempotent-workers webhook endpoint ...`).
+
+    From the environment:
+    `secrets_keys`      IW_WEBHOOK_SECRETS_KEY: Fernet keys, comma-separated; the first
+                        encrypts the endpoints' signing secrets, every one decrypts (add
+                        a new key first, drop an old one only once nothing uses it)
+    `allow_http_hosts`  IW_WEBHOOK_ALLOW_HTTP_HOSTS: hosts an endpoint may reach over
+                        plain http (tests, demos); every other endpoint is https
+    `rotation_overlap_hours`  IW_WEBHOOK_ROTATION_OVERLAP_HOURS: how long an old secret
+                        signs beside the new one after a rotation (default 24)
+    In code only: the sender's timeouts and connections, and how long a worker keeps
+    an endpoint's URL and secrets before reading them again.
+    """
+
+    secrets_keys: tuple[str, ...] = field(default=(), repr=False)
+    allow_http_hosts: frozenset[str] = frozenset()
+    rotation_overlap_hours: float = 24.0
+    timeout_seconds: float = 15.0  # one call, start to answer (the spec: 15 to 30 s)
+    connect_timeout_seconds: float = 5.0
+    max_in_flight: int = 64  # calls at once per worker and queue: the connection pool
+    endpoint_cache_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.rotation_overlap_hours < 0 or self.endpoint_cache_seconds < 0:
+            raise ValueError("rotation_overlap_hours and endpoint_cache_seconds must be >= 0")
+        if not 0 < self.connect_timeout_seconds <= self.timeout_seconds:
+            raise ValueError("webhook timeouts must be positive, connect within the whole")
+        if self.max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     amqp: AmqpSettings = field(default_factory=AmqpSettings)
@@ -150,6 +237,8 @@ class Settings:
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     relay: RelaySettings = field(default_factory=RelaySettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
+    webhooks: WebhookSettings = field(default_factory=WebhookSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -179,6 +268,7 @@ class Settings:
                 shutdown_grace_seconds=float(env.get("IW_SHUTDOWN_GRACE", "30")),
                 handler_timeout_seconds=float(env.get("IW_HANDLER_TIMEOUT", "30")),
                 watchdog_grace_seconds=float(env.get("IW_WATCHDOG_GRACE", "10")),
+                webpush_allow_hosts=allow_hosts(env.get("IW_WEBPUSH_ALLOW_HOSTS", "")),
             ),
             retention=RetentionSettings(
                 keep_days=float(env.get("IW_RETENTION_DAYS", "7")),
@@ -199,4 +289,17 @@ class Settings:
                 concurrency=int(env.get("IW_RELAY_CONCURRENCY", "4")),
                 poll_interval_s=float(env.get("IW_RELAY_POLL", "1")),
             ),
+            tracing=TracingSettings.from_env(env),
+            webhooks=WebhookSettings(
+                secrets_keys=_names(env.get("IW_WEBHOOK_SECRETS_KEY", "")),
+                allow_http_hosts=frozenset(
+                    host.lower() for host in _names(env.get("IW_WEBHOOK_ALLOW_HTTP_HOSTS", ""))
+                ),
+                rotation_overlap_hours=float(env.get("IW_WEBHOOK_ROTATION_OVERLAP_HOURS", "24")),
+            ),
         )
+
+
+def allow_hosts(text: str) -> frozenset[str]:
+    """`IW_WEBPUSH_ALLOW_HOSTS`: comma-separated host names or IP literals, lowercased."""
+    return frozenset(h.strip().lower().strip("[]") for h in text.split(",") if h.strip())

@@ -1,4 +1,8 @@
-"""The send ledger: one row per (dedupe key, target) of an external send.
+"""The send ledger: one row per (dedupe key, target) of an external effect.
+
+A target is a device of a push job, a webhook endpoint, an e-mail recipient, the
+resource an API call acts on: its `channel` names where it goes, its `address`
+whom, its `effect_id` the stable id every attempt carries.
 
     claimed --take--> sending --record--> sent | failed
        ^                 |
@@ -8,7 +12,9 @@
 While the lease is live another worker must not send (it requeues the job);
 once it expired, the sender died mid-call and the outcome is unknown, so the
 consumer's `UnknownOutcome` policy decides: RESEND (same ids, the device
-collapses a duplicate) or SKIP (mark it failed).
+collapses a duplicate, the provider replays or is asked first) or SKIP (mark it
+failed). `first_sent_at` (PostgreSQL's clock, when the row was first leased) is
+what a channel that replays by key counts its window from.
 
 A worker whose sends outlast one lease extends it while it makes progress
 (`extend`: one statement for every job it holds, compare-and-set on the owner
@@ -65,24 +71,27 @@ class SendIntent:
     """A target of a new job, with the ids every attempt will carry."""
 
     target: TargetKey
-    platform: str
-    token: str
-    apns_id: str
+    channel: str
+    address: str
+    effect_id: str
     collapse_id: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SendRow:
     target: TargetKey
-    platform: str
-    token: str
-    apns_id: str
+    channel: str
+    address: str
+    effect_id: str
     collapse_id: str
     status: SendStatus
     sends: int
     lease_seconds_left: float  # 0 unless `sending` with a live lease
     lease_expires_at: datetime | None
     mine: bool  # this worker holds the lease now: it must send
+    # Seconds since the row was first leased, by PostgreSQL's clock at the statement
+    # that read it (None: never leased): a replay window's start.
+    since_first_lease: float | None
     provider_message_id: str | None
     failure_reason: str | None
 
@@ -98,9 +107,11 @@ class SendResult:
 
 
 _COLUMNS = (
-    "consumer, tenant, message_id, target_index, platform, token, apns_id::text, collapse_id,"
+    "consumer, tenant, message_id, target_index, channel, address, effect_id::text, collapse_id,"
     " status, sends, provider_message_id, failure_reason, lease_owner,"
-    " greatest(extract(epoch FROM lease_expires_at - now()), 0)::float8, lease_expires_at"
+    " greatest(extract(epoch FROM lease_expires_at - now()), 0)::float8, lease_expires_at,"
+    " CASE WHEN sends > 0 THEN"
+    "  extract(epoch FROM now() - coalesce(first_sent_at, created_at))::float8 END"
 )
 # The expiry of a lease: a chunk taken later joins the one its job's rows hold ($n),
 # else it starts now.
@@ -108,11 +119,11 @@ _EXPIRY = "coalesce(${held}::timestamptz, now() + make_interval(secs => ${secs})
 
 
 class SendLedger:
-    """The `outbound_sends` table of one schema, for one worker (the lease owner)."""
+    """The `send_ledger` table of one schema, for one worker (the lease owner)."""
 
     def __init__(self, schema: str, owner: str) -> None:
         self.owner = owner
-        self._table = f"{quote_ident(schema)}.outbound_sends"
+        self._table = f"{quote_ident(schema)}.send_ledger"
 
     async def open(
         self,
@@ -128,13 +139,14 @@ class SendLedger:
         first = len(ordered) if leased is None else leased
         expiry: datetime = await tx.fetchval(
             f"WITH written AS (INSERT INTO {self._table} (consumer, tenant, message_id,"
-            " target_index, platform, token, apns_id, collapse_id, status, lease_owner,"
-            " lease_expires_at, sends)"
+            " target_index, channel, address, effect_id, collapse_id, status, lease_owner,"
+            " lease_expires_at, sends, first_sent_at)"
             " SELECT c, t, m, i, p, tok, a::uuid, col,"
             "  CASE WHEN i < $11 THEN 'sending' ELSE 'claimed' END,"
             "  CASE WHEN i < $11 THEN $9 END,"
             "  CASE WHEN i < $11 THEN now() + make_interval(secs => $10) END,"
-            "  CASE WHEN i < $11 THEN 1 ELSE 0 END"
+            "  CASE WHEN i < $11 THEN 1 ELSE 0 END,"
+            "  CASE WHEN i < $11 THEN now() END"
             " FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::text[],"
             "  $7::text[], $8::text[]) AS x(c, t, m, i, p, tok, a, col))"
             " SELECT now() + make_interval(secs => $10)",
@@ -142,9 +154,9 @@ class SendLedger:
             [i.target.key.tenant for i in ordered],
             [i.target.key.message_id for i in ordered],
             [i.target.target_index for i in ordered],
-            [i.platform for i in ordered],
-            [i.token for i in ordered],
-            [i.apns_id for i in ordered],
+            [i.channel for i in ordered],
+            [i.address for i in ordered],
+            [i.effect_id for i in ordered],
             [i.collapse_id for i in ordered],
             self.owner,
             lease_seconds,
@@ -203,6 +215,7 @@ class SendLedger:
             "  ORDER BY r.target_index LIMIT $7 FOR UPDATE) AS r)"
             f" UPDATE {self._table} o SET status = 'sending', lease_owner = $4,"
             f" lease_expires_at = {_EXPIRY.format(held=8, secs=5)}, sends = o.sends + 1,"
+            " first_sent_at = coalesce(o.first_sent_at, now()),"
             " failure_reason = CASE WHEN o.status = 'sending' THEN $6 ELSE o.failure_reason END,"
             " updated_at = now() FROM chosen AS x"
             " WHERE (o.consumer, o.tenant, o.message_id, o.target_index)"
@@ -322,9 +335,9 @@ def _row(record: asyncpg.Record, mine: set[TargetKey]) -> SendRow:
     status = SendStatus(record[8])
     return SendRow(
         target=target,
-        platform=record[4],
-        token=record[5],
-        apns_id=record[6],
+        channel=record[4],
+        address=record[5],
+        effect_id=record[6],
         collapse_id=record[7],
         status=status,
         sends=record[9],
@@ -333,4 +346,5 @@ def _row(record: asyncpg.Record, mine: set[TargetKey]) -> SendRow:
         lease_seconds_left=float(record[13] or 0.0) if status is SendStatus.SENDING else 0.0,
         lease_expires_at=record[14],
         mine=target in mine,
+        since_first_lease=record[15],
     )

@@ -35,7 +35,7 @@ class ClaimRow:
 class KeyRecord:
     key: DedupeKey
     claim: ClaimRow | None
-    sends: list[Mapping[str, object]]  # outbound_sends rows, as read, by target
+    sends: list[Mapping[str, object]]  # send_ledger rows, as read, by target
     outbox: list[Mapping[str, object]] | None  # as read; None: the schema has no outbox table
     api_message: Mapping[str, object] | None = None  # ingress_messages, for an `ingress-` job
     api_key: Mapping[str, object] | None = None  # ingress_idempotency_keys, the same
@@ -46,8 +46,8 @@ class KeyRecord:
 
 
 _SENDS = (
-    "target_index, platform, token, status, sends, provider_message_id, failure_reason,"
-    " apns_id, collapse_id, lease_owner, lease_expires_at, created_at, updated_at"
+    "target_index, channel, address, status, sends, provider_message_id, failure_reason,"
+    " effect_id, collapse_id, first_sent_at, lease_owner, lease_expires_at, created_at, updated_at"
 )
 _OUTBOX = "id, created_at, available_at, attempts, last_error, published_at"
 _API_MESSAGE = "id, tenant, queue, targets, status, created_at, updated_at"
@@ -63,7 +63,7 @@ async def look_up(conn: DbConnection, schema: str, key: DedupeKey) -> KeyRecord:
         *args,
     )
     sends = await conn.fetch(
-        f"SELECT {_SENDS} FROM {q}.outbound_sends"
+        f"SELECT {_SENDS} FROM {q}.send_ledger"
         " WHERE consumer = $1 AND tenant = $2 AND message_id = $3 ORDER BY target_index",
         *args,
     )

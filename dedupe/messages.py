@@ -70,6 +70,10 @@ class NewMessage:
     # A send of more than PART_TARGETS devices: its parts' bodies, in order, published
     # as `<job id>#0`, `#1`, ... (`part_message_ids`) instead of `job`.
     parts: tuple[bytes, ...] = ()
+    # W3C trace context the outbox rows keep (and the relay's publish continues):
+    # the request's span when tracing is on, else None.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,7 +137,7 @@ class Messages:
         self.schema = schema
         self._keys = f"{q}.ingress_idempotency_keys"
         self._messages = f"{q}.ingress_messages"
-        self._sends = f"{q}.outbound_sends"
+        self._sends = f"{q}.send_ledger"
         # One row per input row, in input order: (won, stored fingerprint, id): the new
         # id if won, else the stored fingerprint and id (NULL if the snapshot missed
         # them). The statement is accept_messages() (migration 0012): the keys are
@@ -141,7 +145,7 @@ class Messages:
         self._accept_sql = (
             f"SELECT * FROM {q}.accept_messages($1::text[], $2::text[], $3::bytea[],"
             " $4::text[], $5::int[], $6::bigint[], $7::text[], $8::bytea[],"
-            f" '{JOB_PREFIX}', '{INGRESS_HEADER}')"
+            f" $9::text[], $10::text[], '{JOB_PREFIX}', '{INGRESS_HEADER}')"
         )
         self._find_keys_sql = (
             "SELECT x.t, x.ik, k.fingerprint, k.message_id"
@@ -192,6 +196,8 @@ class Messages:
                 [j[0] for j in jobs],
                 [j[1] for j in jobs],
                 [j[2] for j in jobs],
+                [r.traceparent for _, r in wanted],
+                [r.tracestate for _, r in wanted],
             )
             unseen = []
             for (key, r), row in zip(wanted, rows, strict=True):
@@ -250,7 +256,7 @@ class Messages:
             part = {part_id: k for k, part_id in enumerate(ids)}
             sends = {}
             for r in await conn.fetch(
-                "SELECT message_id, target_index, status, platform, provider_message_id,"
+                "SELECT message_id, target_index, status, channel, provider_message_id,"
                 f" failure_reason{where}",
                 row[0],
                 tenant,

@@ -100,7 +100,7 @@ class Retention:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CleanupResult:
     processed_messages: int  # rows of the generations dropped, as the planner estimated them
-    outbound_sends: int
+    send_ledger: int
     batches: int = 0
     ingress_keys: int = 0  # rows of the key generations dropped, as the planner estimated them
     ingress_messages: int = 0
@@ -112,8 +112,8 @@ class CleanupResult:
 
 def _sends_batch(q: str) -> str:
     return (
-        f"WITH gone AS (DELETE FROM {q}.outbound_sends WHERE ctid = ANY(ARRAY("
-        f" SELECT ctid FROM {q}.outbound_sends"
+        f"WITH gone AS (DELETE FROM {q}.send_ledger WHERE ctid = ANY(ARRAY("
+        f" SELECT ctid FROM {q}.send_ledger"
         "  WHERE created_at >= $1 AND created_at < $2 AND status IN ('sent', 'failed')"
         "  LIMIT $3)) RETURNING created_at)"
         " SELECT count(*)::int AS deleted, min(created_at) AS oldest FROM gone"
@@ -252,7 +252,7 @@ async def _generations(
 async def _keep_unsettled_pushes(conn: DbConnection, schema: str, number: int) -> int:
     """Copy into the current generation the claims of `number` whose push is not settled.
 
-    Returns how many: found by a scan of outbound_sends' unsettled rows (it
+    Returns how many: found by a scan of send_ledger's unsettled rows (it
     has no index on status), once per generation dropped.
     """
     q = quote_ident(schema)
@@ -264,7 +264,7 @@ async def _keep_unsettled_pushes(conn: DbConnection, schema: str, number: int) -
             " (generation, consumer, tenant, message_id, fingerprint, processed_at)"
             " SELECT g.generation, p.consumer, p.tenant, p.message_id, p.fingerprint,"
             "  p.processed_at"
-            f" FROM (SELECT DISTINCT consumer, tenant, message_id FROM {q}.outbound_sends"
+            f" FROM (SELECT DISTINCT consumer, tenant, message_id FROM {q}.send_ledger"
             "  WHERE status NOT IN ('sent', 'failed')) AS o"
             # One probe of the generation's primary key per unsettled job, whatever
             # the planner thinks of the two tables' sizes (LIMIT keeps it a lookup).
@@ -283,7 +283,7 @@ async def _keep_unsettled_pushes(conn: DbConnection, schema: str, number: int) -
 def _result(counts: dict[str, int]) -> CleanupResult:
     return CleanupResult(
         processed_messages=0,
-        outbound_sends=counts["sends"],
+        send_ledger=counts["sends"],
         batches=counts["batches"],
         ingress_messages=counts["messages"],
         outbox=counts["outbox"],

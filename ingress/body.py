@@ -8,7 +8,7 @@
                   an integer of thousands of digits are 400, never a 500;
                   more values than a send holds, 400 before decoding
     validated     the body's shape (`SendRequest`; a 400 lists up to
-                  MAX_DETAILS wrong fields), then `consumers.push.job.parse_push_job`,
+                  MAX_DETAILS wrong fields), then `consumers.jobs.push.parse_push_job`,
                   the worker's own rules: what the door answers 202 the
                   worker attempts, never dead-letters as invalid
 
@@ -31,7 +31,7 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from consumers import InvalidPushJob, parse_push_job
-from consumers.push.job import MAX_AUDIENCE, apns_payload_problem
+from consumers.jobs.push import MAX_AUDIENCE, apns_payload_problem
 from consumers.runtime.http_limits import BodyTooLarge, ClientGone, read_within
 from ingress.models import NotificationIn, SendRequest, TargetIn
 from ingress.refusals import CLIENT_GONE, Refusal, field_name, invalid

@@ -3,7 +3,7 @@
 `SendRequest` is the push job's shape, plus the optional `idempotency_key`;
 strict, so `"3600"` is not a number and unknown fields are refused. The
 send route also runs the worker's own rules on it
-(`consumers.push.job.parse_push_job`, see `ingress.body`).
+(`consumers.jobs.push.parse_push_job`, see `ingress.body`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from consumers.push.job import (
+from consumers.jobs.push import (
     HEADER_TEXT_PATTERN,
     MAX_AUDIENCE,
     MAX_TOKEN_CHARS,
@@ -45,7 +45,7 @@ class SendRequest(BaseModel):
     """A push job (the push worker's format) and, unless given as a header, its key."""
 
     model_config = _STRICT
-    # More than one job holds: sent as parts (consumers.push.parts), counted together.
+    # More than one job holds: sent as parts (consumers.publishing.parts), counted together.
     # fail_fast: the first wrong target is the 400's, not each of up to MAX_AUDIENCE.
     targets: Annotated[list[TargetIn], Field(min_length=1, max_length=MAX_AUDIENCE, fail_fast=True)]
     notification: NotificationIn = Field(default_factory=NotificationIn)

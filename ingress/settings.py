@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from consumers.push.job import MAX_JOB_BYTES
+from consumers.jobs.push import MAX_JOB_BYTES
 
 DEFAULT_PUSH_QUEUE = "notifications.push"
 # 100,000 devices of 160-character tokens (FCM's) in JSON are about 20 MiB.

@@ -79,7 +79,7 @@ from providers.errors import (
     UnknownOutcomeError,
 )
 from providers.ids import SendIds
-from providers.provider import ProviderReceipt
+from providers.provider import NEITHER, ProviderReceipt
 from providers.push import Platform, Push
 
 __all__ = ["ApnsProvider", "ApnsSettings"]
@@ -315,6 +315,7 @@ class ApnsProvider:
     """Sends iOS pushes to APNs over HTTP/2, one request per attempt, never resent."""
 
     name = "apns"
+    recovery = NEITHER  # the apns-collapse-id is the backstop
 
     def __init__(self, settings: ApnsSettings) -> None:
         has_key = bool(settings.key and settings.key_id and settings.team_id)
@@ -390,7 +391,7 @@ class ApnsProvider:
         outcome = stream.answer.result()
         if isinstance(outcome, Answer) and outcome.status == 403 and self.token is not None:
             self.token.refused(reason_of(outcome.body))
-        return apns_result(outcome, sent_apns_id=ids.apns_id, provider=self.name)
+        return apns_result(outcome, sent_apns_id=ids.effect_id, provider=self.name)
 
     async def aclose(self) -> None:
         """Stop taking sends, let in-flight ones finish (up to the timeout), close connections."""

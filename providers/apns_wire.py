@@ -173,7 +173,7 @@ def apns_request(
         (":scheme", "https"),
         (":path", f"/3/device/{push.target.token}"),
         ("host", host),
-        ("apns-id", ids.apns_id),
+        ("apns-id", ids.effect_id),
         ("apns-topic", topic),
         ("apns-push-type", push_type),
         ("apns-collapse-id", ids.collapse_id),

@@ -12,7 +12,9 @@ ProviderError                  root: every failure a provider raises
                                nothing was sent and no push is at fault; pause the
                                provider until a probe succeeds
   PermanentProviderError       do not retry: invalid payload, bad topic, bad auth...
-    InvalidDeviceToken         the token is bad or unregistered: prune the device
+    TargetGone                 the target is gone for good: a webhook endpoint that
+                               answered 410, a mailbox that does not exist
+      InvalidDeviceToken       the token is bad or unregistered: prune the device
   UnknownOutcomeError          timeout, or the connection was lost AFTER the request
                                may have reached the provider: it may have been sent
 ```
@@ -75,7 +77,12 @@ class PermanentProviderError(ProviderError):
     """The provider refused this push for good: retrying the same push cannot succeed."""
 
 
-class InvalidDeviceToken(PermanentProviderError):
+class TargetGone(PermanentProviderError):
+    """The target is gone for good: stop sending to it (the ledger's kind and the app's
+    hook are told: a webhook endpoint is disabled, a device pruned)."""
+
+
+class InvalidDeviceToken(TargetGone):
     """The device token is malformed or no longer registered: prune the device."""
 
 

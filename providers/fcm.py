@@ -58,7 +58,7 @@ from providers.errors import (
 )
 from providers.fcm_token import FcmAccessToken
 from providers.ids import SendIds
-from providers.provider import ProviderReceipt
+from providers.provider import NEITHER, ProviderReceipt
 from providers.push import Priority, Push
 
 log = structlog.get_logger(__name__)
@@ -91,6 +91,7 @@ class FcmProvider:
     """Sends Android and web pushes (and FCM-registered iOS ones) via FCM HTTP v1."""
 
     name = "fcm"
+    recovery = NEITHER  # the collapse key is the backstop
 
     def __init__(self, settings: FcmSettings) -> None:
         self.settings = settings

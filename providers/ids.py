@@ -1,8 +1,11 @@
 """Deterministic send ids: the same job always sends with the same ids.
 
-A resent push (after a crash, with the `resend` policy) carries the apns-id and the
-collapse ids of the first attempt, so APNs and FCM collapse the duplicate on the
-device. `apns_id` is per target (two devices of one job never share an apns-id);
+Every effect of a job's target carries one `effect_id`, a UUID5 of the job's dedupe
+key and the target's address: APNs' apns-id, the webhook's `webhook-id`, the e-mail's
+Message-ID, the idempotency key an API is called with. A resend (after a crash, with
+the `resend` policy) carries the ids of the first attempt, so the device collapses a
+duplicate push and a receiver dedupes a webhook. `effect_id` is per target (two
+targets of one job never share one);
 the collapse ids are per job (every device of a job collapses the same way).
 """
 
@@ -35,14 +38,15 @@ _READABLE_PREFIX_CHARS = COLLAPSE_ID_MAX_BYTES - _DIGEST_CHARS - 1
 class SendIds:
     """The ids one push is sent with.
 
-    apns_id           a UUID string: APNs apns-id (echoed back as the provider message id)
+    effect_id         a UUID string, per target: APNs apns-id (echoed back as the provider
+                      message id), webhook-id, Message-ID, Idempotency-Key
     collapse_id       <= 64 printable ASCII bytes: APNs apns-collapse-id, also sent by FCM
                       in apns.headers
     fcm_collapse_key  FCM android.collapse_key and android.notification.tag
     webpush_topic     <= 32 URL-safe base64 characters: the Web Push Topic header
     """
 
-    apns_id: str
+    effect_id: str
     collapse_id: str
     fcm_collapse_key: str
     webpush_topic: str
@@ -50,15 +54,15 @@ class SendIds:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobIds:
-    """The ids every push of one job shares; `for_token` adds a device's apns-id."""
+    """The ids every effect of one job shares; `for_address` adds a target's effect_id."""
 
     dedupe_key: str
     collapse_id: str
     webpush_topic: str
 
-    def for_token(self, token: str) -> SendIds:
+    def for_address(self, address: str) -> SendIds:
         return SendIds(
-            apns_id=_uuid5(f"{self.dedupe_key}\0{token}"),
+            effect_id=_uuid5(f"{self.dedupe_key}\0{address}"),
             collapse_id=self.collapse_id,
             fcm_collapse_key=self.collapse_id,
             webpush_topic=self.webpush_topic,
@@ -89,9 +93,9 @@ def send_ids(dedupe_key: str, token: str, *, collapse_key: str | None = None) ->
 
     The job's own `collapse_key`, when given, wins over the dedupe key for the
     collapse ids; either way a key that does not fit a limit is hashed to fit.
-    A job's many devices: `job_ids(...)` once, then `.for_token(token)` each.
+    A job's many devices: `job_ids(...)` once, then `.for_address(token)` each.
     """
-    return job_ids(dedupe_key, collapse_key=collapse_key).for_token(token)
+    return job_ids(dedupe_key, collapse_key=collapse_key).for_address(token)
 
 
 def _uuid5(name: str) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from providers.errors import ProviderError
 from providers.ids import SendIds
-from providers.provider import ProviderReceipt
+from providers.provider import NEITHER, ProviderReceipt
 from providers.push import Push
 
 
@@ -28,6 +28,7 @@ class RecordingProvider:
     """
 
     answer_seconds = 0.0
+    recovery = NEITHER
     max_in_flight = 1000
 
     def __init__(self, name: str = "recording") -> None:
@@ -54,7 +55,7 @@ class RecordingProvider:
             if isinstance(answer, ProviderError):
                 raise answer
             return answer
-        return ProviderReceipt(provider=self.name, provider_message_id=ids.apns_id)
+        return ProviderReceipt(provider=self.name, provider_message_id=ids.effect_id)
 
     async def aclose(self) -> None:
         self.closed = True

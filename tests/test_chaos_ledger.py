@@ -93,7 +93,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self._run(close())
         self.loop.close()
 
-    # -- what a worker does (PushRunner's three steps, one target) ------------
+    # -- what a worker does (EffectsRunner's three steps, one target) ------------
 
     async def _deliver(self, worker: str) -> Phase:
         """Step 1: claim + intent (a new job), or lease what may be sent (a repeat)."""
@@ -107,9 +107,9 @@ class LedgerMachine(RuleBasedStateMachine):
                 )
                 intent = SendIntent(
                     target=TARGET,
-                    platform="ios",
-                    token="tok",
-                    apns_id=str(uuid.uuid5(uuid.NAMESPACE_URL, "push-1")),
+                    channel="ios",
+                    address="tok",
+                    effect_id=str(uuid.uuid5(uuid.NAMESPACE_URL, "push-1")),
                     collapse_id="c-1",
                 )
                 await ledger.open(conn, [intent], LEASE_S)
@@ -208,7 +208,7 @@ class LedgerMachine(RuleBasedStateMachine):
         """Time passes beyond the lease of a worker that is no longer there."""
         self._run(
             self.admin.execute(
-                f"UPDATE {quote_ident(self.schema)}.outbound_sends"
+                f"UPDATE {quote_ident(self.schema)}.send_ledger"
                 " SET lease_expires_at = now() - interval '1 second' WHERE status = 'sending'"
             )
         )
@@ -229,7 +229,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def no_lease_after_sent(self) -> None:
         status = self._run(
-            self.admin.fetchval(f"SELECT status FROM {quote_ident(self.schema)}.outbound_sends")
+            self.admin.fetchval(f"SELECT status FROM {quote_ident(self.schema)}.send_ledger")
         )
         if status == SendStatus.SENT:
             assert not self._in(Phase.LEASED) and not self._in(Phase.SENT)

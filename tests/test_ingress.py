@@ -293,8 +293,8 @@ async def test_read_shows_the_status_and_each_targets_ledger_state(
     assert [t["status"] for t in before.json()["targets"]] == ["pending", "pending"]
     # What the push worker writes for this job, under the dedupe key it uses.
     await db.execute(
-        "INSERT INTO outbound_sends (consumer, tenant, message_id, target_index, platform, token,"
-        " apns_id, collapse_id, status, provider_message_id, failure_reason) VALUES"
+        "INSERT INTO send_ledger (consumer, tenant, message_id, target_index, channel, address,"
+        " effect_id, collapse_id, status, provider_message_id, failure_reason) VALUES"
         " ($1, 'acme', $2, 0, 'ios', 't', gen_random_uuid(), 'c', 'sent', 'apns-1', NULL),"
         " ($1, 'acme', $2, 1, 'android', 't', gen_random_uuid(), 'c', 'failed', NULL, 'gone')",
         served.queue,

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from consumers import Settings
-from consumers.push.job import MAX_AUDIENCE
+from consumers.jobs.push import MAX_AUDIENCE
 from dedupe import DbConnection
 from ingress.body import MAX_DETAILS, MAX_JSON_VALUES
 from ingress.settings import IngressSettings

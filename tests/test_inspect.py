@@ -33,8 +33,8 @@ async def test_inspect_shows_claim_ledger_outbox_and_dead_letter_copies(
     worker.terminate()
     await worker.expect_exit(0)
     await db.execute(
-        "INSERT INTO outbound_sends (consumer, tenant, message_id, target_index, platform, token,"
-        " apns_id, collapse_id, status, sends, provider_message_id) VALUES"
+        "INSERT INTO send_ledger (consumer, tenant, message_id, target_index, channel, address,"
+        " effect_id, collapse_id, status, sends, provider_message_id) VALUES"
         " ($1, 'acme', 'job-1', 0, 'ios', $2, gen_random_uuid(), 'c-1', 'sent', 1, 'apns-77')",
         queue_name,
         TOKEN,
@@ -55,7 +55,7 @@ async def test_inspect_shows_claim_ledger_outbox_and_dead_letter_copies(
     assert (
         "ledger: 1 row(s)" in out and "status=sent" in out and "provider_message_id=apns-77" in out
     )
-    assert TOKEN not in out and "token=a1b2c3…" in out
+    assert TOKEN not in out and "address=a1b2c3…" in out
     assert "outbox: 1 row(s)" in out and "attempts=0" in out
     assert "copies=1" in out and "reason=max_attempts_exceeded:handler_error" in out
     assert await count(channel, dead_letter_queue(queue_name)) == 2  # read, not taken

@@ -25,26 +25,26 @@ OWNER = "worker-a"
 async def _stale_statistics(db: DbConnection) -> None:
     """ROWS targets analysed while `sent`, then all leased again: the statistics lag."""
     await db.execute(
-        "INSERT INTO outbound_sends (consumer, tenant, message_id, target_index, platform,"
-        " token, apns_id, collapse_id, status, sends)"
+        "INSERT INTO send_ledger (consumer, tenant, message_id, target_index, channel,"
+        " address, effect_id, collapse_id, status, sends)"
         " SELECT 'q', '', 'order-' || (g / 100), g % 100, 'ios', 'token-' || g,"
         "  gen_random_uuid(), 'c', 'sent', 1 FROM generate_series(0, $1 - 1) AS g",
         ROWS,
     )
-    await db.execute("ANALYZE outbound_sends")
+    await db.execute("ANALYZE send_ledger")
     await db.execute(
-        "UPDATE outbound_sends SET status = 'sending', lease_owner = $1,"
+        "UPDATE send_ledger SET status = 'sending', lease_owner = $1,"
         " lease_expires_at = now() + interval '30 seconds'",
         OWNER,
     )
 
 
 async def _rows_scanned(db: DbConnection, schema: str) -> int:
-    """Rows of outbound_sends read by this backend's sequential scans not yet flushed to
+    """Rows of send_ledger read by this backend's sequential scans not yet flushed to
     the statistics (none are flushed inside a transaction: take the difference there)."""
     scanned: int = await db.fetchval(
         "SELECT seq_tup_read FROM pg_stat_xact_user_tables"
-        " WHERE schemaname = $1 AND relname = 'outbound_sends'",
+        " WHERE schemaname = $1 AND relname = 'send_ledger'",
         schema,
     )
     return scanned
@@ -80,7 +80,7 @@ async def test_taking_redelivered_jobs_reads_no_row_by_a_sequential_scan(
 ) -> None:
     # A guard: take's statements probed the key's index before this test was written.
     await _stale_statistics(db)
-    await db.execute("UPDATE outbound_sends SET status = 'claimed', lease_owner = NULL")
+    await db.execute("UPDATE send_ledger SET status = 'claimed', lease_owner = NULL")
     keys = [DedupeKey(consumer="q", tenant="", message_id=f"order-{n}") for n in range(50, 53)]
 
     async with db.transaction():
@@ -98,8 +98,8 @@ async def test_recording_returns_the_answers_whose_lease_it_held(
     """The rows recorded are read back by their answer's place, not their key: the
     answers come in any order, and one whose lease another worker took is left out."""
     await db.execute(
-        "INSERT INTO outbound_sends (consumer, tenant, message_id, target_index, platform,"
-        " token, apns_id, collapse_id, status, sends, lease_owner, lease_expires_at)"
+        "INSERT INTO send_ledger (consumer, tenant, message_id, target_index, channel,"
+        " address, effect_id, collapse_id, status, sends, lease_owner, lease_expires_at)"
         " SELECT 'q', t, 'order-' || g, 0, 'ios', 'token-' || g, gen_random_uuid(), 'c',"
         "  'sending', 1, CASE WHEN g = 2 THEN 'worker-b' ELSE $1 END,"
         "  now() + interval '30 seconds'"
@@ -125,7 +125,7 @@ async def test_recording_returns_the_answers_whose_lease_it_held(
     taken_over = {a.target for a in answers if a.target.key.message_id == "order-2"}
     assert sorted(recorded) == sorted(a.target for a in answers if a.target not in taken_over)
     rows = await db.fetch(
-        "SELECT tenant, message_id, provider_message_id FROM outbound_sends WHERE status = 'sent'"
+        "SELECT tenant, message_id, provider_message_id FROM send_ledger WHERE status = 'sent'"
     )
     assert {(r[0], r[1]): r[2] for r in rows} == {
         (t.key.tenant, t.key.message_id): f"apns-{t.key.tenant}-{t.key.message_id[6:]}"

@@ -21,8 +21,10 @@ from consumers import (
     configure_logging,
     parse_push_job,
 )
+from consumers.effects.answers import Answered, Send, log_answer
+from consumers.jobs.kind import Recipient
+from consumers.jobs.push import PUSH
 from consumers.pipeline.deliveries import Delivery, Item
-from consumers.push.answers import Answered, Send, log_answer
 from consumers.telemetry.logs import outcome_lines
 from dedupe import DbConnection, DedupeKey, SendResult, SendStatus, TargetKey
 from providers import Platform, Target, send_ids
@@ -160,20 +162,20 @@ def test_fast_push_sent_line_is_the_json_chains_bytes(json_log: io.BytesIO) -> N
         item=Item(delivery=cast(Delivery, None), envelope=envelope),  # the line reads no delivery
         job=parse_push_job({"targets": [{"platform": "ios", "token": device.token}]}),
         target=TargetKey(key=key, target_index=0),
-        device=device,
+        recipient=Recipient(channel=str(device.platform), address=device.token),
         ids=send_ids("k", device.token),
         provider="apns",
     )
     result = SendResult(target=send.target, status=SendStatus.SENT, provider_message_id="p-1")
     answer = Answered(send=send, result=result)
-    log_answer(answer, consumer="pushes", recorded=True)
+    log_answer(answer, consumer="pushes", kind=PUSH, recorded=True)
     by_structlog = json_log.getvalue()
     json_log.seek(0)
     json_log.truncate()
 
     lines = outcome_lines()
     assert lines is not None
-    log_answer(answer, consumer="pushes", recorded=True, lines=lines)
+    log_answer(answer, consumer="pushes", kind=PUSH, recorded=True, lines=lines)
     lines.flush()
 
     assert STAMP.sub(b"", json_log.getvalue()) == STAMP.sub(b"", by_structlog)

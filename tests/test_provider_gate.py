@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from consumers.push.gate import ProviderGate
+from consumers.effects.gate import ProviderGate
 from providers import Provider
 
 

@@ -15,7 +15,7 @@ import pytest
 from consumers import (
     REASON_HEADER,
     App,
-    DeadToken,
+    DeadTarget,
     Publisher,
     UnknownOutcome,
     push_job_body,
@@ -61,10 +61,10 @@ def push_app(
             fcm=FcmProvider(fake_fcm.settings(timeout_seconds=timeout)),
         )
 
-    async def prune(tx: DbConnection, dead: DeadToken) -> None:
+    async def prune(tx: DbConnection, dead: DeadTarget) -> None:
         await tx.execute(
             "INSERT INTO pruned_devices (token, reason, worker_pid) VALUES ($1, $2, 0)",
-            dead.token,
+            dead.address,
             dead.reason,
         )
 
@@ -90,15 +90,13 @@ def job(*targets: Target, collapse_key: str | None = None) -> dict[str, object]:
 
 async def ledger(db: DbConnection) -> list[tuple[str, str, int]]:
     rows = await db.fetch(
-        "SELECT token, status, sends FROM outbound_sends ORDER BY message_id, target_index"
+        "SELECT address, status, sends FROM send_ledger ORDER BY message_id, target_index"
     )
-    return [(r["token"], r["status"], r["sends"]) for r in rows]
+    return [(r["address"], r["status"], r["sends"]) for r in rows]
 
 
 async def all_settled(db: DbConnection, n: int) -> bool:
-    done = await db.fetchval(
-        "SELECT count(*) FROM outbound_sends WHERE status IN ('sent', 'failed')"
-    )
+    done = await db.fetchval("SELECT count(*) FROM send_ledger WHERE status IN ('sent', 'failed')")
     return bool(done >= n)
 
 
@@ -118,10 +116,10 @@ async def test_redelivered_push_is_sent_once(
     assert len(fake_apns.requests_for(IOS.token)) == 1
     assert len(fake_fcm.requests_for(ANDROID.token)) == 1
     rows = await pruned.fetch(
-        "SELECT status, provider_message_id, apns_id::text FROM outbound_sends"
+        "SELECT status, provider_message_id, effect_id::text FROM send_ledger"
     )
     assert {r["status"] for r in rows} == {"sent"}
-    ios_row = next(r for r in rows if r["apns_id"] == fake_apns.requests[0].apns_id)
+    ios_row = next(r for r in rows if r["effect_id"] == fake_apns.requests[0].apns_id)
     assert ios_row["provider_message_id"] == fake_apns.requests[0].apns_id
     fcm_row = next(r for r in rows if r is not ios_row)
     assert fcm_row["provider_message_id"].startswith("projects/")
@@ -217,7 +215,7 @@ async def test_a_payload_apns_refuses_fails_its_ios_devices_at_once_and_holds_up
         await harness.publish(job(IOS_2), message_id="after-it")
         await wait_for(lambda: all_settled(pruned, 3), timeout=timeout / 2)
     rows = await pruned.fetch(
-        "SELECT message_id, token, status, failure_reason FROM outbound_sends"
+        "SELECT message_id, address, status, failure_reason FROM send_ledger"
         " ORDER BY message_id, target_index"
     )
     assert [tuple(r) for r in rows] == [
@@ -249,7 +247,7 @@ async def test_a_stop_past_its_grace_ends_while_a_send_waits_for_credit_that_nev
             await harness.publish(body, message_id="never-fits")
 
             async def sending() -> bool:
-                status = await pruned.fetchval("SELECT status FROM outbound_sends")
+                status = await pruned.fetchval("SELECT status FROM send_ledger")
                 return bool(status == "sending")
 
             await wait_for(sending, timeout=30)
@@ -258,7 +256,7 @@ async def test_a_stop_past_its_grace_ends_while_a_send_waits_for_credit_that_nev
             async with deadline(grace + timeout + lease + ANSWER_S, "the worker's stop"):
                 await worker.stop()
     assert narrow.requests == []  # nothing was written
-    assert await pruned.fetchval("SELECT status FROM outbound_sends") == "sending"
+    assert await pruned.fetchval("SELECT status FROM send_ledger") == "sending"
 
 
 async def test_429_with_retry_after_is_retried_no_sooner(
@@ -465,8 +463,8 @@ async def test_worker_killed_between_settle_and_ack_redelivers_and_sends_nothing
         await publisher.publish(queue_name, body, message_id=f"acks-{n}")
     assert await first.wait(timeout=30) == -signal.SIGKILL
     recorded = {
-        r["token"]
-        for r in await pruned.fetch("SELECT token FROM outbound_sends WHERE status = 'sent'")
+        r["address"]
+        for r in await pruned.fetch("SELECT address FROM send_ledger WHERE status = 'sent'")
     }
     assert recorded  # the kill came after records committed
     second = spawn_push()
@@ -477,10 +475,10 @@ async def test_worker_killed_between_settle_and_ack_redelivers_and_sends_nothing
     await second.expect_exit(0)
     # A row recorded `sent` is never sent again; only a send in flight when the
     # first worker died may reach the device twice (its lease taken over).
-    for row in await pruned.fetch("SELECT token, status, sends FROM outbound_sends"):
-        requests = len(fake_apns.requests_for(row["token"]))
+    for row in await pruned.fetch("SELECT address, status, sends FROM send_ledger"):
+        requests = len(fake_apns.requests_for(row["address"]))
         assert row["status"] == "sent"
-        assert requests == 1 if row["token"] in recorded else 1 <= requests <= row["sends"]
+        assert requests == 1 if row["address"] in recorded else 1 <= requests <= row["sends"]
     assert '"duplicate_ignored"' in second.log_text()  # settled, unacked: redelivered
 
 
@@ -541,8 +539,8 @@ async def test_an_answer_to_a_lease_taken_over_meanwhile_is_not_recorded_and_pru
         await harness.publish(job(IOS, IOS_2), message_id="taken-over")
         await wait_for(both_asked, timeout=30)
         taken = await pruned.execute(
-            "UPDATE outbound_sends SET lease_owner = 'another-worker',"
-            " lease_expires_at = now() + interval '1 hour' WHERE token = $1",
+            "UPDATE send_ledger SET lease_owner = 'another-worker',"
+            " lease_expires_at = now() + interval '1 hour' WHERE address = $1",
             IOS.token,
         )
         assert taken == "UPDATE 1"
@@ -552,7 +550,7 @@ async def test_an_answer_to_a_lease_taken_over_meanwhile_is_not_recorded_and_pru
     assert lines["invalid_token"]["recorded"] is False
     assert lines["push_sent"]["recorded"] is True
     rows = await pruned.fetch(
-        "SELECT token, status, lease_owner FROM outbound_sends ORDER BY target_index"
+        "SELECT address, status, lease_owner FROM send_ledger ORDER BY target_index"
     )
     assert [tuple(r) for r in rows] == [
         (IOS.token, "sending", "another-worker"),

@@ -80,9 +80,9 @@ async def test_refused_credentials_pause_the_provider_fail_no_push_and_a_probe_r
 
 
 async def _any_failed(db: DbConnection) -> bool:
-    return bool(await db.fetchval("SELECT count(*) FROM outbound_sends WHERE status = 'failed'"))
+    return bool(await db.fetchval("SELECT count(*) FROM send_ledger WHERE status = 'failed'"))
 
 
 async def _all_sent(db: DbConnection, n: int) -> bool:
-    sent = await db.fetchval("SELECT count(*) FROM outbound_sends WHERE status = 'sent'")
+    sent = await db.fetchval("SELECT count(*) FROM send_ledger WHERE status = 'sent'")
     return bool(sent >= n)

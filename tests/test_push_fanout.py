@@ -92,9 +92,7 @@ async def _send(harness: Harness, targets: list[Target], message_id: str, second
     assert parts == -(-DEVICES // 200)
 
     async def all_sent() -> bool:
-        sent = await harness.db.fetchval(
-            "SELECT count(*) FROM outbound_sends WHERE status = 'sent'"
-        )
+        sent = await harness.db.fetchval("SELECT count(*) FROM send_ledger WHERE status = 'sent'")
         return bool(sent >= len(targets))
 
     await wait_for(all_sent, timeout=seconds, interval=0.5)

@@ -44,7 +44,7 @@ async def test_200_fast_jobs_behind_a_silent_device_are_recorded_before_its_time
         await wait_for(lambda: sent(db, FAST_JOBS), timeout=60)
         rows = await db.fetch(
             "SELECT message_id, extract(epoch FROM updated_at)::float8 AS at"
-            " FROM outbound_sends WHERE status = 'sent'"
+            " FROM send_ledger WHERE status = 'sent'"
         )
     delays = sorted(r["at"] - published[r["message_id"]] for r in rows)
     p99 = delays[int(len(delays) * 0.99) - 1]

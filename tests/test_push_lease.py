@@ -103,7 +103,7 @@ async def _count(requests: Sequence[object]) -> int:
 
 
 async def _all_sent(db: DbConnection, n: int) -> bool:
-    sent = await db.fetchval("SELECT count(*) FROM outbound_sends WHERE status = 'sent'")
+    sent = await db.fetchval("SELECT count(*) FROM send_ledger WHERE status = 'sent'")
     return bool(sent >= n)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from consumers import App, Publisher, Settings, Worker, push_job_body
-from consumers.push.lease import LeaseTooShort, check_lease, usable_seconds
+from consumers.effects.lease import LeaseTooShort, check_lease, usable_seconds
 from dedupe import DbConnection
 from providers import ApnsProvider, FcmProvider, Platform, PlatformRouter, Provider, Target
 from providers.fakes.apns import FakeApns
@@ -53,7 +53,7 @@ async def test_a_job_longer_than_its_lease_sends_every_device_once(
             )
             # 400 / 32 threads * 1.5 s = 19 s of sending; the rest is a generous margin.
             await wait_for(lambda: _settled(db, DEVICES), timeout=90)
-        statuses = await db.fetch("SELECT status, count(*) AS n FROM outbound_sends GROUP BY 1")
+        statuses = await db.fetch("SELECT status, count(*) AS n FROM send_ledger GROUP BY 1")
         assert {r["status"]: r["n"] for r in statuses} == {"sent": DEVICES}
         posts = Counter(r.token for r in fcm.requests)
         assert set(posts) == {t.token for t in targets}
@@ -61,9 +61,7 @@ async def test_a_job_longer_than_its_lease_sends_every_device_once(
 
 
 async def _settled(db: DbConnection, n: int) -> bool:
-    done = await db.fetchval(
-        "SELECT count(*) FROM outbound_sends WHERE status IN ('sent', 'failed')"
-    )
+    done = await db.fetchval("SELECT count(*) FROM send_ledger WHERE status IN ('sent', 'failed')")
     return bool(done >= n)
 
 

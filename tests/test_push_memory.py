@@ -78,7 +78,7 @@ async def _peak_unanswered(harness: Harness) -> int:
     while True:
         row = await harness.db.fetchrow(
             "SELECT count(*) FILTER (WHERE status IN ('claimed', 'sending')) AS unanswered,"
-            " count(*) FILTER (WHERE status = 'sent') AS sent FROM outbound_sends",
+            " count(*) FILTER (WHERE status = 'sent') AS sent FROM send_ledger",
             timeout=ANSWER_S,
         )
         assert row is not None

@@ -29,7 +29,7 @@ import asyncpg
 import pytest
 
 from consumers import App, Publisher, Settings, publish_push_job, push_job_body
-from consumers.push.lease import Lease
+from consumers.effects.lease import Lease
 from dedupe import DbConnection, DedupeKey, SendLedger
 from providers import FcmProvider, Platform, Provider, Target
 from providers.fakes.apns import FakeApns
@@ -55,8 +55,8 @@ def _send_body(targets: list[Target]) -> dict[str, object]:
 
 
 async def _sent(db: DbConnection) -> set[str]:
-    rows = await db.fetch("SELECT token FROM outbound_sends WHERE status = 'sent'")
-    return {r["token"] for r in rows}
+    rows = await db.fetch("SELECT address FROM send_ledger WHERE status = 'sent'")
+    return {r["address"] for r in rows}
 
 
 async def test_a_send_whose_worker_is_sigkilled_is_finished_by_another_once_beyond_the_window(
@@ -186,7 +186,7 @@ async def test_a_worker_whose_lease_renewal_fails_starts_no_send_after_its_lease
             hold = asyncio.create_task(pg_proxy.hold(HELD_LEASE * 4))
 
             async def renewal_lost() -> bool:
-                return any(e["event"] == "push_lease_lost" for e in harness.logs)
+                return any(e["event"] == "send_lease_lost" for e in harness.logs)
 
             try:
                 await wait_for(renewal_lost, timeout=HELD_LEASE * 3)

@@ -44,8 +44,8 @@ async def _seed(db: DbConnection) -> None:
         " SELECT 1, 'q', '', 'new-' || n, '\\x00' FROM generate_series(1, 5) n"
     )
     await db.execute(
-        "INSERT INTO outbound_sends (consumer, tenant, message_id, target_index, platform, token,"
-        " apns_id, collapse_id, status, created_at) VALUES"
+        "INSERT INTO send_ledger (consumer, tenant, message_id, target_index, channel, address,"
+        " effect_id, collapse_id, status, created_at) VALUES"
         " ('p', '', 'push-old', 0, 'ios', 't0', gen_random_uuid(), 'c', 'sent',"
         "  now() - interval '8 days'),"
         " ('p', '', 'push-old', 1, 'ios', 't1', gen_random_uuid(), 'c', 'claimed',"
@@ -61,7 +61,7 @@ async def test_cleanup_drops_the_expired_generation_and_keeps_the_rest(
     result = await cleanup(db, schema, Retention(batch_size=10), progress=lambda r: seen.append(r))
     assert result.processed_messages == 25
     assert result.generations_dropped == 1
-    assert result.outbound_sends == 1
+    assert result.send_ledger == 1
     assert seen  # progress was reported
     left = await db.fetch(
         "SELECT message_id, generation FROM processed_messages ORDER BY message_id"
@@ -70,7 +70,7 @@ async def test_cleanup_drops_the_expired_generation_and_keeps_the_rest(
     assert [tuple(r) for r in left] == [(f"new-{n}", 1) for n in (1, 2, 3, 4, 5)] + [
         ("push-old", 1)
     ]
-    statuses = await db.fetch("SELECT status FROM outbound_sends")
+    statuses = await db.fetch("SELECT status FROM send_ledger")
     assert [r["status"] for r in statuses] == ["claimed"]
 
 
@@ -120,7 +120,7 @@ async def test_cleanup_command_reports_what_it_deleted(db: DbConnection, schema:
     assert done.returncode == 0, done.stderr
     assert (
         f"cleanup: schema={schema} older_than=7.0d processed_messages=25 generations_dropped=1"
-        " generation=1 outbound_sends=1 outbox=0 ingress_keys=3 ingress_messages=2"
+        " generation=1 send_ledger=1 outbox=0 ingress_keys=3 ingress_messages=2"
     ) in done.stdout
 
 

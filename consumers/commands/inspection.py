@@ -1,7 +1,7 @@
 """`idempotent-workers inspect [--tenant T] CONSUMER MESSAGE_ID`: one key's whole story.
 
     claim       when it was claimed and the fingerprint of the body that won
-    ledger      each push target: status, sends, provider message id, lease
+    ledger      each target of an external effect: status, sends, provider id, lease
     outbox      rows publishing this key to this queue (if the outbox exists)
     api         the send API's message and idempotency key rows of an `ingress-` job
     dlq         copies in `<CONSUMER>.dlq` with this message_id and tenant
@@ -15,7 +15,7 @@ it (`consumers.commands.deadletters`): a consumer that never acks, then the chan
 closed, so every message read goes back in place; on RabbitMQ 3.x each one
 read (not only the copies found) counts one delivery more in its
 `x-delivery-count`. `--no-dlq` skips it. Everything printed is escaped and
-device tokens are cut to their first characters.
+device tokens and e-mail addresses are cut short (`consumers.jobs.kind.shown_address`).
 """
 
 from __future__ import annotations
@@ -31,18 +31,19 @@ from consumers.broker.connection import connect_once
 from consumers.commands.deadletters import DeadLetter, NoSuchQueue, read_dead_letters
 from consumers.commands.printable import printable
 from consumers.handlers.retry import dead_letter_queue
+from consumers.jobs.kind import shown_address
 from consumers.message.envelope import is_text
-from consumers.push.answers import redact
 from consumers.settings import Settings
 from dedupe import DedupeKey, KeyRecord, look_up
 
 
 def register(sub: Any) -> None:
     """Add `inspect` to the CLI's subcommands."""
-    parser = sub.add_parser("inspect", help="claim, ledger, outbox rows and dead letters of a key")
+    said = "what happened to one message: its claim, ledger, outbox rows and dead letters"
+    parser = sub.add_parser("inspect", help=said, description=said)
     parser.add_argument("consumer", help="the consumer (its queue's name)")
-    parser.add_argument("message_id")
-    parser.add_argument("--tenant", default="")
+    parser.add_argument("message_id", help="as published, or as dlq list prints it")
+    parser.add_argument("--tenant", default="", help="the x-tenant header (default: none)")
     parser.add_argument("--no-dlq", action="store_true", help="do not read the dead-letter queue")
     parser.add_argument("--scan", type=int, default=10_000, help="dead letters read at most")
 
@@ -101,8 +102,8 @@ def _fields(row: Mapping[str, object], *, token: bool) -> str:
     for name, value in row.items():
         if value is None:
             continue
-        if token and name == "token":
-            value = redact(str(value))
+        if token and name == "address":
+            value = shown_address(str(row.get("channel")), str(value))
         if isinstance(value, datetime.datetime):
             value = value.isoformat()
         parts.append(f"{name}={printable(str(value))}")

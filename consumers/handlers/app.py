@@ -18,14 +18,18 @@ from consumers.handlers.faults import NO_FAULTS, Faults
 from consumers.handlers.retry import RetryPolicy
 from consumers.handlers.spec import (
     BatchHandler,
+    EffectSpec,
     HandlerSpec,
     InvalidTokenHook,
     MessageHandler,
     ProviderFactory,
-    PushSpec,
 )
+from consumers.jobs.kind import EffectKind
+from consumers.jobs.push import PUSH
+from consumers.jobs.webhook import WebhookKind, webhook_sender
 from consumers.message.decisions import ConfigurationError
 from consumers.message.envelope import Fingerprinter
+from consumers.settings import WebhookSettings
 from dedupe import UnknownOutcome
 
 
@@ -113,7 +117,7 @@ class App:
         probe_seconds: float = 10.0,
         retry: RetryPolicy | None = None,
     ) -> None:
-        """Send the push jobs of `queue` (format: `consumers.push.job`) through `provider`.
+        """Send the push jobs of `queue` (format: `consumers.jobs.push`) through `provider`.
 
         `provider` is called once, inside the worker's event loop, to build the
         Provider (aioapns needs the running loop). `on_invalid_token(tx, dead)`
@@ -121,7 +125,69 @@ class App:
         `lease_seconds` must exceed the provider's own timeout: no send starts
         unless its answer is due before the lease ends. A provider that refuses
         our credentials is paused; `probe_seconds` later (doubling to a minute)
-        one send probes it (see `consumers.push.circuit`).
+        one send probes it (see `consumers.effects.circuit`).
+        """
+        self.effect_handler(
+            queue,
+            kind=PUSH,
+            provider=provider,
+            on_dead_target=on_invalid_token,
+            unknown_outcome=unknown_outcome,
+            lease_seconds=lease_seconds,
+            probe_seconds=probe_seconds,
+            retry=retry,
+        )
+
+    def webhook_handler(
+        self,
+        queue: str,
+        *,
+        settings: WebhookSettings | None = None,
+        unknown_outcome: UnknownOutcome = UnknownOutcome.RESEND,
+        lease_seconds: float = 30.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        """Send the webhook jobs of `queue` (format: `consumers.jobs.webhook`) to the
+        tenant's endpoints, signed per the Standard Webhooks specification.
+
+        `settings`: the sender's timeouts and connections, the endpoint cache and the
+        http allow-list; None: the worker's `Settings.webhooks` (IW_WEBHOOK_*), whose
+        key (IW_WEBHOOK_SECRETS_KEY) also serves settings given without one. The
+        sender's timeouts and connections come from `settings` given here, or their
+        defaults. A call whose outcome is unknown is sent again with the same
+        webhook-id (RESEND), which the receiver dedupes by; SKIP never sends it again.
+        Retries back off with jitter over `retry`'s tiers, never sooner than a
+        receiver's Retry-After.
+        """
+        self.effect_handler(
+            queue,
+            kind=WebhookKind(settings),
+            provider=webhook_sender(settings),
+            unknown_outcome=unknown_outcome,
+            lease_seconds=lease_seconds,
+            retry=retry,
+        )
+
+    def effect_handler(
+        self,
+        queue: str,
+        *,
+        kind: EffectKind[Any],
+        provider: ProviderFactory,
+        on_dead_target: InvalidTokenHook | None = None,
+        unknown_outcome: UnknownOutcome = UnknownOutcome.RESEND,
+        lease_seconds: float = 30.0,
+        probe_seconds: float = 10.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        """Make the external effects the jobs of `queue` ask for, through the send ledger.
+
+        `kind` reads the jobs (`consumers.jobs`: push, webhook, email, an API's),
+        `provider` builds the sender once inside the worker's loop. Each target
+        is sent once, with stable ids, under a lease; what an unknown outcome
+        leads to follows what the channel offers (`providers.Recovery`), and
+        `unknown_outcome` for a channel that offers neither replay nor lookup.
+        `on_dead_target(tx, dead)` runs once per target the provider called dead.
         """
         if lease_seconds <= 0:
             raise ConfigurationError("lease_seconds must be positive")
@@ -130,9 +196,10 @@ class App:
         self._add(
             HandlerSpec(
                 queue=queue,
-                push=PushSpec(
+                effects=EffectSpec(
+                    kind=kind,
                     provider=provider,
-                    on_invalid_token=on_invalid_token,
+                    on_invalid_token=on_dead_target,
                     unknown_outcome=unknown_outcome,
                     lease_seconds=lease_seconds,
                     probe_seconds=probe_seconds,
@@ -153,17 +220,3 @@ def _positive(timeout: float | None) -> float | None:
     if timeout is not None and not timeout > 0:
         raise ConfigurationError(f"a handler timeout must be positive, got {timeout!r}")
     return timeout
-
-
-def load_app(target: str) -> App:
-    """Import `module:attribute` and return the App found there."""
-    import importlib
-
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise ConfigurationError(f"expected MODULE:APP, got {target!r}")
-    module = importlib.import_module(module_name)
-    app: Any = getattr(module, attribute, None)
-    if not isinstance(app, App):
-        raise ConfigurationError(f"{target!r} is not an idempotent-workers App")
-    return app

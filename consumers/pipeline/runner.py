@@ -14,7 +14,7 @@ from consumers.pipeline.settle import Dispatcher
 class Runner(Protocol):
     """Decides, commits and acknowledges every delivery of a batch.
 
-    `BatchRunner` (local effects) and `PushRunner` (the send ledger) meet it.
+    `BatchRunner` (local effects) and `EffectsRunner` (the send ledger) meet it.
     `run` settles every delivery it is given through `dispatcher`, or raises:
     then `consumers.pipeline.isolation` finds the message the framework cannot decide.
     `acks`: the channel's ack window when the runner settles out of delivery

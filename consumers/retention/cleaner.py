@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from consumers.handlers.app import load_app
+from consumers.handlers.loading import load_app
 from consumers.handlers.retry import RetryPolicy
 from consumers.retention.retry_horizon import check_retention, retention_need
 from consumers.settings import Settings
@@ -32,16 +32,25 @@ log = structlog.get_logger(__name__)
 
 def register(sub: Any) -> None:
     """Add `cleanup` to the CLI's subcommands."""
-    clean = sub.add_parser(
-        "cleanup",
-        help="rotate and drop generations of claims past retention; delete other rows in batches",
+    said = (
+        "rotate and drop generations of claims and keys past retention, delete other rows"
+        " in batches, one cleaner per schema at a time"
     )
+    clean = sub.add_parser("cleanup", help=said, description=said)
     clean.add_argument(
         "--keep-days", type=float, default=None, help="default: IW_RETENTION_DAYS (7)"
     )
-    clean.add_argument("--batch-size", type=int, default=None, help="default: IW_CLEANUP_BATCH")
+    clean.add_argument(
+        "--batch-size", type=int, default=None, help="rows a transaction (IW_CLEANUP_BATCH)"
+    )
     clean.add_argument(
         "--app", metavar="MODULE:APP", help="check --keep-days against this app's retry policies"
+    )
+    clean.add_argument(
+        "--app-dir",
+        default=".",
+        metavar="DIR",
+        help="look for --app's module in DIR first (default: the working directory)",
     )
     clean.add_argument(
         "--wait", action="store_true", help="wait for a running cleaner instead of exiting"
@@ -51,7 +60,7 @@ def register(sub: Any) -> None:
 async def run(args: argparse.Namespace, settings: Settings) -> int:
     keep_days = settings.retention.keep_days if args.keep_days is None else args.keep_days
     keep = timedelta(days=keep_days)
-    specs = load_app(args.app).specs if args.app else {}
+    specs = load_app(args.app, app_dir=args.app_dir).specs if args.app else {}
     need = retention_need(specs, settings.retention, RetryPolicy())
     check_retention(keep, need, setting="--keep-days")
     retention = Retention(
@@ -67,7 +76,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
             schema,
             retention,
             progress=lambda r: print(
-                f"cleanup: deleted so far: outbound_sends={r.outbound_sends} outbox={r.outbox}"
+                f"cleanup: deleted so far: send_ledger={r.send_ledger} outbox={r.outbox}"
                 f" ingress_messages={r.ingress_messages}",
                 flush=True,
             ),
@@ -82,7 +91,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         f"cleanup: schema={schema} older_than={keep_days}d"
         f" processed_messages={result.processed_messages}"
         f" generations_dropped={result.generations_dropped} generation={result.generation}"
-        f" outbound_sends={result.outbound_sends} outbox={result.outbox}"
+        f" send_ledger={result.send_ledger} outbox={result.outbox}"
         f" ingress_keys={result.ingress_keys} ingress_messages={result.ingress_messages}"
     )
     return 0
@@ -112,7 +121,7 @@ async def clean_periodically(settings: Settings) -> None:
                 generations_dropped=result.generations_dropped,
                 generation=result.generation,
                 rotated=result.rotated,
-                outbound_sends=result.outbound_sends,
+                send_ledger=result.send_ledger,
                 outbox=result.outbox,
                 ingress_keys=result.ingress_keys,
                 ingress_messages=result.ingress_messages,

@@ -13,7 +13,7 @@ and the frozen ones no longer count among those. In the push bench's process
 then 10,000 one-device and 10,000 fan-out sends) the collector at its defaults
 ran about 2,200 young, 200 middle and 17 full collections, 1.7 to 2.0 s in
 all; with (10,000, 20, 100), about 105 young and 3 middle, 0.5 to 0.6 s
-(docs/performance.md).
+(the message of 29e991a).
 
 The young threshold counts container objects allocated less those freed,
 and the frees of older objects count too. So the count swings with the work
@@ -21,8 +21,8 @@ in flight, and a young collection walks every young object still alive, not
 the threshold's number: at 10,000, the push bench's worker ran 133 young
 collections in a round of 20,000 one-device jobs, of 11,948 objects each at
 the median (27,540 at most) and 1.2 ms (6 ms at most); the worker took 8%
-to 11% more CPU a send than at 100,000 (alternated pairs,
-docs/performance.md). At 100,000 that round ran none, and a round of
+to 11% more CPU a send than at 100,000 (alternated pairs, the message of
+1cb75f5). At 100,000 that round ran none, and a round of
 60,000 jobs two, of about 100,000 objects and 30 to 43 ms each. At 30,000
 the collections were fewer (about 20 in 20,000 jobs) but larger (15 ms),
 and cost about as much in all as at 10,000.

@@ -4,8 +4,8 @@ Every queue of every handler is checked against what the broker holds before
 any is declared (`consumers.broker.conflicts`: a conflict is a
 `TopologyConflict`, and nothing is declared). Then for each handler the
 worker declares the topology, opens `concurrency` channels with `prefetch`
-each (`push_prefetch` for a push queue), and runs one batch loop per channel
-(a push queue's loops hold at most `push_held_devices` devices between them).
+each (`push_prefetch` for an effects queue), and runs one batch loop per channel
+(an effects queue's loops hold at most `push_held_devices` targets between them).
 A loop takes everything buffered (up to `max_batch`) as soon as the previous
 batch is settled: no timer, so a quiet queue gets latency of one commit and a
 busy one gets large batches.
@@ -23,6 +23,7 @@ import os
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import aio_pika
@@ -34,6 +35,9 @@ from consumers.broker.connection import connect
 from consumers.broker.consume import DirectConsumer
 from consumers.broker.headers import read_leniently
 from consumers.broker.topology import declarations, declare
+from consumers.effects.circuit import Circuits, CircuitState, CircuitView
+from consumers.effects.lease import check_lease, check_recovery
+from consumers.effects.runner import EffectsRunner
 from consumers.handlers.app import App
 from consumers.handlers.spec import HandlerSpec
 from consumers.message.decisions import ConfigurationError
@@ -47,20 +51,16 @@ from consumers.pipeline.loop import BatchLoop
 from consumers.pipeline.runner import Runner
 from consumers.pipeline.settle import Dispatcher
 from consumers.publishing.relay import Relay
-from consumers.push.circuit import Circuits, CircuitState, CircuitView
-from consumers.push.job import devices_named
-from consumers.push.lease import check_lease
-from consumers.push.runner import PushRunner
 from consumers.runtime.replication import check_replication
 from consumers.settings import Settings
 from consumers.telemetry.health import CHECK_TIMEOUT_SECONDS, Status
 from consumers.telemetry.metrics import Metrics
 from dedupe import Inbox, SendLedger, TableStats, check_schema, quote_ident, table_stats
-from providers import Provider
+from providers import Sender
 
 log = structlog.get_logger(__name__)
 
-PUSH_BATCHES_AT_ONCE = 8  # per channel: a slow device holds back only its own batch
+EFFECTS_BATCHES_AT_ONCE = 8  # per channel: a slow target holds back only its own batch
 
 
 class Worker:
@@ -89,7 +89,7 @@ class Worker:
         )
         # The send-lease owner: unique per process, also across PID reuse.
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self._providers: dict[str, Provider] = {}
+        self._providers: dict[str, Sender[Any]] = {}
         self._circuits: dict[str, Circuits] = {}
         self.log_effects = log_effects
         self.pool: asyncpg.Pool | None = None
@@ -156,26 +156,28 @@ class Worker:
             ],
         )
 
-    async def _provider(self, spec: HandlerSpec) -> Provider:
-        """The queue's provider, built once inside the running loop."""
-        assert spec.push is not None
+    async def _provider(self, spec: HandlerSpec) -> Sender[Any]:
+        """The queue's sender, built once inside the running loop."""
+        assert spec.effects is not None
         if spec.queue not in self._providers:
-            provider = self._providers[spec.queue] = await spec.push.provider()
-            check_lease(spec.queue, spec.push.lease_seconds, provider)  # else no send could start
+            provider = self._providers[spec.queue] = await spec.effects.provider()
+            check_lease(spec.queue, spec.effects.lease_seconds, provider)  # else no send starts
+            check_recovery(spec.queue, provider)  # a channel that offers lookup has one
         return self._providers[spec.queue]
 
     def _circuits_of(self, spec: HandlerSpec) -> Circuits:
         """The queue's provider circuits, shared by its batch loops."""
-        assert spec.push is not None
+        assert spec.effects is not None
         if spec.queue not in self._circuits:
-            self._circuits[spec.queue] = Circuits(spec.queue, probe_seconds=spec.push.probe_seconds)
+            probe = spec.effects.probe_seconds
+            self._circuits[spec.queue] = Circuits(spec.queue, probe_seconds=probe)
         return self._circuits[spec.queue]
 
     def provider_circuits(self) -> list[CircuitView]:
-        """Every push queue's provider circuits: health and metrics read them.
+        """Every effects queue's provider circuits: health and metrics read them.
 
         A provider whose circuit is not `closed` refused our credentials or
-        configuration and is paused (see `consumers.push.circuit`); the worker is
+        configuration and is paused (see `consumers.effects.circuit`); the worker is
         not ready while one is.
         """
         return [view for circuits in self._circuits.values() for view in circuits.views()]
@@ -184,16 +186,20 @@ class Worker:
         assert self._connection is not None and self.pool is not None
         ws = self.settings.worker
         holding = None
-        if spec.push is not None:  # the devices its channels' batches hold, all of them
+        effects = spec.effects
+        if effects is not None:  # its kind, given this worker's pool and settings
+            effects = replace(effects, kind=effects.kind.bound(self.pool, self.settings))
+            spec = replace(spec, effects=effects)
+        if effects is not None:  # the targets its channels' batches hold, all of them
 
             def weigh(delivery: Delivery) -> int:
-                return devices_named(delivery.body, max_body_bytes=ws.max_body_bytes)
+                return effects.kind.weigh(delivery.body, max_body_bytes=ws.max_body_bytes)
 
             holding = Holding(limit=ws.push_held_devices, weigh=weigh)
         for n in range(ws.concurrency):
             channel = await self._connection.channel(publisher_confirms=False)
             await channel.set_qos(
-                prefetch_count=ws.prefetch if spec.push is None else ws.push_prefetch
+                prefetch_count=ws.prefetch if effects is None else ws.push_prefetch
             )
             if n == 0:
                 await declare(channel, spec.queue, spec.retry, self.settings.amqp)
@@ -201,8 +207,8 @@ class Worker:
             # only queues the channel knows get their consumers back after a reconnect.
             queue = await channel.declare_queue(spec.queue, passive=True)
             runner: Runner
-            if spec.push is not None:
-                runner = PushRunner(
+            if effects is not None:
+                runner = EffectsRunner(
                     spec=spec,
                     pool=self.pool,
                     inbox=inbox,
@@ -227,7 +233,7 @@ class Worker:
                     metrics=self.metrics.consumer(spec.queue),
                     hold_connection=self._hold_connections,
                 )
-            at_once = PUSH_BATCHES_AT_ONCE if spec.push is not None else 1
+            at_once = EFFECTS_BATCHES_AT_ONCE if effects is not None else 1
             loop = BatchLoop(
                 runner,
                 ws.max_batch,

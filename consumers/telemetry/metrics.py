@@ -15,7 +15,10 @@ queue framework exports, per consumer: the duplicates we absorbed
     idempotent_workers_deliveries_in_flight{consumer}            delivered, not yet settled
     idempotent_workers_acks_failed_total{consumer}               committed, ack lost: redelivered
     idempotent_workers_database_stalls_total{consumer}           batch held, database unreachable
-    idempotent_workers_pushes_total{consumer,provider,outcome}   provider answers recorded
+    idempotent_workers_effects_total{consumer,kind,provider,outcome}
+                                                                 external effects' answers
+                                                                 recorded (sent, found, failed,
+                                                                 invalid_token, deferred, unknown)
     idempotent_workers_sends_resent_total{consumer}              sent again, outcome unknown
     idempotent_workers_leases_taken_over_total{consumer}         a crashed sender's expired lease
     idempotent_workers_provider_circuit_open{consumer,provider}  1: paused, credentials refused
@@ -135,15 +138,17 @@ class Metrics:
             ["consumer"],
             registry=r,
         )
-        self.pushes = Counter(
-            PREFIX + "pushes",
-            "Provider answers recorded, by provider and outcome.",
-            ["consumer", "provider", "outcome"],
+        self.effects = Counter(
+            PREFIX + "effects",
+            "External effects' answers recorded, by kind (push, webhook, email, an API's),"
+            " provider and outcome.",
+            ["consumer", "kind", "provider", "outcome"],
             registry=r,
         )
         self.sends_resent = Counter(
             PREFIX + "sends_resent",
-            "Sends made again after an unknown outcome (same ids: the device collapses them).",
+            "Sends made again after an unknown outcome (same ids: collapsed, deduped, replayed"
+            " or looked up first).",
             ["consumer"],
             registry=r,
         )
@@ -225,9 +230,9 @@ class ConsumerMetrics:
     def database_stalled(self) -> None:
         self._stalls.inc()
 
-    def pushes(self, provider: str, outcomes: Mapping[str, int]) -> None:
+    def effects(self, kind: str, provider: str, outcomes: Mapping[str, int]) -> None:
         for outcome, n in outcomes.items():
-            self._metrics.pushes.labels(self.consumer, provider, outcome).inc(n)
+            self._metrics.effects.labels(self.consumer, kind, provider, outcome).inc(n)
 
     def resent(self, sends: int) -> None:
         if sends:

@@ -128,7 +128,7 @@ $$;
 --    holds (the current one's primary key decides two writers of one key);
 -- 2. for each key written, its message row (`queued`) and its outbox rows
 --    (the push job: message_id = job_prefix || id || suffix, the ingress
---    header naming the message);
+--    header naming the message, the request's trace context when it had one);
 -- 3. answers, per request in order: whether its key was written, and if not
 --    the stored fingerprint and message id across the generations, as this
 --    statement's snapshot saw them (NULL if it missed them), locked FOR KEY
@@ -136,7 +136,7 @@ $$;
 CREATE FUNCTION accept_messages(
     tenants text[], idempotency_keys text[], fingerprints bytea[], queues text[],
     targets int[], job_n bigint[], job_suffixes text[], job_bodies bytea[],
-    job_prefix text, ingress_header text
+    traceparents text[], tracestates text[], job_prefix text, ingress_header text
 ) RETURNS TABLE (won boolean, fingerprint bytea, message_id uuid)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
@@ -157,8 +157,10 @@ BEGIN
     RETURN QUERY
     WITH input AS MATERIALIZED (
         SELECT x.*, gen_random_uuid() AS id
-          FROM unnest(tenants, idempotency_keys, fingerprints, queues, targets)
-               WITH ORDINALITY AS x(tenant, idempotency_key, fingerprint, queue, targets, n)),
+          FROM unnest(tenants, idempotency_keys, fingerprints, queues, targets,
+                      traceparents, tracestates)
+               WITH ORDINALITY AS x(tenant, idempotency_key, fingerprint, queue, targets,
+                                    traceparent, tracestate, n)),
     written AS (
         INSERT INTO ingress_idempotency_keys AS w
                (generation, tenant, idempotency_key, fingerprint, message_id)
@@ -180,7 +182,8 @@ BEGIN
     job AS (
         INSERT INTO outbox (queue, tenant, message_id, headers, body)
         SELECT i.queue, i.tenant, job_prefix || i.id || p.suffix,
-               jsonb_build_object(ingress_header, i.id::text), p.body
+               jsonb_strip_nulls(jsonb_build_object(ingress_header, i.id::text,
+                   'traceparent', i.traceparent, 'tracestate', i.tracestate)), p.body
           FROM input i JOIN written w ON w.message_id = i.id
           JOIN unnest(job_n, job_suffixes, job_bodies) AS p(n, suffix, body) ON p.n = i.n)
     SELECT w.message_id IS NOT NULL, k.fingerprint, coalesce(w.message_id, k.message_id)

@@ -91,7 +91,7 @@ async def _send(
     devices: int,
     pid: int,
 ) -> str:
-    table = f"{quote_ident(schema)}.outbound_sends"
+    table = f"{quote_ident(schema)}.send_ledger"
     targets = [Target(platform=Platform.ANDROID, token=f"bench-{n:07d}") for n in range(devices)]
     body = push_job_body(targets=targets[:1], title="Sale", body="Today only")
     body["targets"] = [{"platform": "android", "token": t.token} for t in targets]

@@ -2,7 +2,7 @@
 
     python -m proving.bench.lines [--lines 500] [--batches 40] [--rounds 7]
 
-A batch of `--lines` `push_sent` lines (the fields `consumers.push.answers`
+A batch of `--lines` `push_sent` lines (the fields `consumers.effects.answers`
 logs, distinct per line) is rendered with the JSON set-up `configure_logging`
 makes, written to /dev/null. `held`: each line's bytes kept in a list and
 joined for one write (how `OutcomeLines` did it before 2026-12-06). `appended`:
@@ -24,18 +24,18 @@ from consumers.telemetry.logs import OutcomeLines, configure_logging, outcome_li
 
 
 def fields(n: int) -> dict[str, Any]:
-    apns_id = f"8d0e2a04-59f7-503b-b414-{n:012d}"
+    effect_id = f"8d0e2a04-59f7-503b-b414-{n:012d}"
     return {
-        "provider_message_id": apns_id,
+        "provider_message_id": effect_id,
         "consumer": "pushbench.abcdef0123",
         "tenant": "",
         "message_id": f"order-abcd1234-{n}-shipped",
         "attempt": 1,
         "target": 0,
-        "platform": "ios",
-        "token": "abcd12…",
+        "channel": "ios",
+        "address": "abcd12…",
         "provider": "apns",
-        "apns_id": apns_id,
+        "effect_id": effect_id,
         "collapse_id": f"order-abcd1234-{n}-shipped",
         "recorded": True,
     }

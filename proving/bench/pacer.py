@@ -21,7 +21,7 @@ message, with the frames any client would send:
 
 Publishing each message with `basic_publish(wait=False)`, as this pacer did
 before, took 29% of a core at 5,000 msg/s; this takes 4% (medians of five,
-docs/performance.md).
+in the message of 1e32580).
 
 Nothing is lost unseen: the paced consumer waits for every message within a
 deadline (`proving.bench.rounds`).

@@ -38,7 +38,7 @@ above the batch's p99 is a stall; its phases say which wait it was in.
 
 (one line in the output; `--variants ceiling,framework --paced-rate 5000
 --repeats 1 --messages 2000 --phases` on the 2-core python-svc machine,
-2026-12-06 11:09 UTC, docs/performance.md: there the slowest was the first
+2026-12-06 11:09 UTC, 543ee4a: there the slowest was the first
 batch, whose claim statement was prepared on its connection).
 """
 

@@ -196,7 +196,7 @@ async def worker_run(setup: Setup, base: Settings, fake: FakeServer, sends: int)
                 await worker.stop()
         row = await admin.fetchrow(
             f"SELECT count(*) FILTER (WHERE status = 'sent'), count(*), sum(sends)"
-            f" FROM {quote_ident(schema)}.outbound_sends",
+            f" FROM {quote_ident(schema)}.send_ledger",
             timeout=ANSWER_S,
         )
         assert row is not None

@@ -50,7 +50,7 @@ HANG_SECONDS = 120.0
 HANG_DIR_ENV = "CHAOS_HANG_DIR"
 PROVIDER_TIMEOUT_S = 2.0
 # Sends start only while the lease, renewed as they go, leaves their answer time
-# (consumers.push.lease): 70% of 15 s covers the 2 s timeout with room under load.
+# (consumers.effects.lease): 70% of 15 s covers the 2 s timeout with room under load.
 PUSH_LEASE_S = 15.0
 POISON_MAX_ATTEMPTS = 5
 

@@ -195,7 +195,7 @@ class PushFindings:
 
 async def ledger_status(db: DbConnection) -> dict[tuple[str, int], str]:
     rows = await db.fetch(
-        "SELECT message_id, target_index, status FROM outbound_sends WHERE consumer = $1",
+        "SELECT message_id, target_index, status FROM send_ledger WHERE consumer = $1",
         PUSH_QUEUE,
         timeout=30,
     )

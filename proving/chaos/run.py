@@ -153,8 +153,7 @@ class _Probe:
     async def unsettled_pushes(self, devices: int) -> int | None:
         """Devices whose ledger row is missing or not yet `sent` or `failed`."""
         settled = await self._count(
-            "SELECT count(*) FROM outbound_sends WHERE consumer = $1"
-            " AND status IN ('sent', 'failed')",
+            "SELECT count(*) FROM send_ledger WHERE consumer = $1 AND status IN ('sent', 'failed')",
             PUSH_QUEUE,
         )
         return None if settled is None else devices - settled

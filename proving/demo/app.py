@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from consumers import App, Context, DeadToken, push_job_body
+from consumers import App, Context, DeadTarget, push_job_body
 from dedupe import DbConnection
 from providers import Platform, Provider, Target
 from proving.deadlines import ANSWER_S
@@ -67,12 +67,12 @@ async def fake_providers() -> Provider:
     return router_from_env(os.environ, "DEMO_", timeout_seconds=5.0)
 
 
-async def prune_device(tx: DbConnection, dead: DeadToken) -> None:
+async def prune_device(tx: DbConnection, dead: DeadTarget) -> None:
     """Runs once per dead token, in the transaction that records the failure."""
-    await tx.execute("DELETE FROM demo_devices WHERE token = $1", dead.token, timeout=ANSWER_S)
+    await tx.execute("DELETE FROM demo_devices WHERE token = $1", dead.address, timeout=ANSWER_S)
     await tx.execute(
         "INSERT INTO demo_pruned (token, reason) VALUES ($1, $2)",
-        dead.token,
+        dead.address,
         dead.reason,
         timeout=ANSWER_S,
     )

@@ -185,7 +185,7 @@ async def ingress_report(
     settled = Counter(
         r["message_id"]
         for r in await db.fetch(
-            "SELECT message_id FROM outbound_sends WHERE consumer = $1 AND tenant = $2"
+            "SELECT message_id FROM send_ledger WHERE consumer = $1 AND tenant = $2"
             " AND status IN ('sent', 'failed')",
             queue,
             TENANT,

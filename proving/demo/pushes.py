@@ -1,6 +1,6 @@
 """The demo's push part: jobs for the fake APNs and FCM, and a report read from them.
 
-Every count comes from the ledger (`outbound_sends`), the `demo_pruned`
+Every count comes from the ledger (`send_ledger`), the `demo_pruned`
 table the `on_invalid_token` hook writes, and the requests the fakes read.
 """
 
@@ -114,7 +114,7 @@ class PushReport:
 
 async def settled_targets(db: DbConnection) -> int:
     done: int = await db.fetchval(
-        "SELECT count(*) FROM outbound_sends WHERE status IN ('sent', 'failed')",
+        "SELECT count(*) FROM send_ledger WHERE status IN ('sent', 'failed')",
         timeout=ANSWER_S,
     )
     return done
@@ -122,12 +122,12 @@ async def settled_targets(db: DbConnection) -> int:
 
 async def push_report(db: DbConnection, fakes: DemoFakes, plan: PushPlan) -> PushReport:
     rows = await db.fetch(
-        "SELECT status, provider_message_id, token, sends FROM outbound_sends", timeout=ANSWER_S
+        "SELECT status, provider_message_id, address, sends FROM send_ledger", timeout=ANSWER_S
     )
     by_status = Counter(r["status"] for r in rows)
     leases = Counter[str]()
     for r in rows:
-        leases[r["token"]] += r["sends"]
+        leases[r["address"]] += r["sends"]
     requests = fakes.requests()
     per_token = Counter(token for token, _ in requests)
     collapse_ids: dict[str, set[str]] = {}

@@ -429,7 +429,7 @@ async def outbox_report(
     settled = {
         r["message_id"]
         for r in await db.fetch(
-            "SELECT DISTINCT message_id FROM outbound_sends"
+            "SELECT DISTINCT message_id FROM send_ledger"
             " WHERE message_id LIKE '%:push' AND status IN ('sent', 'failed')",
             timeout=ANSWER_S,
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from consumers import App, DeadToken, RetryPolicy, UnknownOutcome
+from consumers import App, DeadTarget, RetryPolicy, UnknownOutcome
 from dedupe import DbConnection
 from providers import Provider
 from providers.fakes.env import router_from_env
@@ -24,10 +24,10 @@ async def build_provider() -> Provider:
     return router_from_env(os.environ, "TEST_", timeout_seconds=timeout)
 
 
-async def prune(tx: DbConnection, dead: DeadToken) -> None:
+async def prune(tx: DbConnection, dead: DeadTarget) -> None:
     await tx.execute(
         "INSERT INTO pruned_devices (token, reason, worker_pid) VALUES ($1, $2, $3)",
-        dead.token,
+        dead.address,
         dead.reason,
         os.getpid(),
     )

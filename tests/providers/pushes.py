@@ -78,5 +78,5 @@ async def requested(fake: FakeApns, n: int) -> bool:
 
 async def sent(db: DbConnection, n: int) -> bool:
     """At least `n` ledger rows are `sent`."""
-    done = await db.fetchval("SELECT count(*) FROM outbound_sends WHERE status = 'sent'")
+    done = await db.fetchval("SELECT count(*) FROM send_ledger WHERE status = 'sent'")
     return bool(done >= n)

@@ -56,7 +56,7 @@ async def test_a_window_update_wakes_only_the_sends_it_has_room_for(
     finally:
         await provider.aclose()
 
-    assert [r.provider_message_id for r in receipts] == [ids_for(t).apns_id for t in tokens]
+    assert [r.provider_message_id for r in receipts] == [ids_for(t).effect_id for t in tokens]
     assert sorted(r.token for r in fake_apns.requests) == sorted([*tokens, "first"])
     assert waits > 0, "no send waited for credit: the test proved nothing"
     # In line, a send waits about once (twice when a send that did not wait took
@@ -89,7 +89,7 @@ async def test_a_body_apns_refuses_fails_at_once_and_holds_no_send_behind_it(
         refused.cancel()
         await provider.aclose()
     assert caught.value.reason == "PayloadTooLarge"
-    assert [r.provider_message_id for r in receipts] == [ids_for(t).apns_id for t in tokens]
+    assert [r.provider_message_id for r in receipts] == [ids_for(t).effect_id for t in tokens]
     assert "huge" not in {r.token for r in fake_apns.requests}  # never written
 
 

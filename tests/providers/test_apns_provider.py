@@ -35,10 +35,10 @@ async def test_success_records_the_answered_apns_id(
     receipt = await apns.send(push_to("device-1", priority=Priority.HIGH, ttl_seconds=0), ids)
 
     assert receipt.provider == "apns"
-    assert receipt.provider_message_id == ids.apns_id
+    assert receipt.provider_message_id == ids.effect_id
     [request] = fake_apns.requests
     assert request.token == "device-1"
-    assert request.apns_id == ids.apns_id
+    assert request.apns_id == ids.effect_id
     assert request.collapse_id == ids.collapse_id
     assert request.headers["apns-topic"] == fake_apns.topic
     assert request.headers["apns-push-type"] == "alert"

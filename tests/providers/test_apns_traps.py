@@ -64,7 +64,7 @@ async def test_b_cancelled_send_neither_hangs_nor_resends_its_neighbours(
     await asyncio.sleep(0.5)
     assert len(fake_apns.requests) == 6
     assert await send_or_error(apns, push_to("after")) == ProviderReceipt(
-        provider="apns", provider_message_id=ids_for("after").apns_id
+        provider="apns", provider_message_id=ids_for("after").effect_id
     )
     assert {r.connection_id for r in fake_apns.requests} == {1}
 
@@ -197,9 +197,9 @@ async def test_e_two_concurrent_sends_with_one_apns_id_each_get_their_own_answer
         return_exceptions=True,
     )
 
-    assert kept == ProviderReceipt(provider="apns", provider_message_id=shared.apns_id)
+    assert kept == ProviderReceipt(provider="apns", provider_message_id=shared.effect_id)
     assert isinstance(gone, InvalidDeviceToken)
-    assert [r.apns_id for r in fake_apns.requests] == [shared.apns_id] * 2
+    assert [r.apns_id for r in fake_apns.requests] == [shared.effect_id] * 2
     assert {r.connection_id for r in fake_apns.requests} == {1}
 
 
@@ -237,7 +237,7 @@ async def test_f_a_connection_whose_settings_never_come_is_closed_and_replaced()
             await provider.aclose()
         assert isinstance(first, TransientProviderError), first
         assert second == ProviderReceipt(
-            provider="apns", provider_message_id=ids_for("late-settings-2").apns_id
+            provider="apns", provider_message_id=ids_for("late-settings-2").effect_id
         )
         assert [r.token for r in fake.requests] == ["late-settings-2"]
         assert fake.connections_opened == 2

@@ -34,7 +34,7 @@ async def test_records_sends_and_answers_as_scripted() -> None:
         await provider.send(push_to("gone", Platform.IOS), send_ids("job-1", "gone"))
     await provider.send(push_to("gone", Platform.IOS), send_ids("job-1", "gone"))
 
-    assert receipt == ProviderReceipt(provider="recording", provider_message_id=ids.apns_id)
+    assert receipt == ProviderReceipt(provider="recording", provider_message_id=ids.effect_id)
     assert [s.push.target.token for s in provider.sends] == ["ok", "gone", "gone"]
     assert len(provider.sends_to("gone")) == 2
 

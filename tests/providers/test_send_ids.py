@@ -23,7 +23,7 @@ def test_ids_fit_every_limit_and_are_stable(
     ids = send_ids(dedupe_key, token, collapse_key=collapse_key)
 
     assert ids == send_ids(dedupe_key, token, collapse_key=collapse_key)
-    assert str(uuid.UUID(ids.apns_id)) == ids.apns_id
+    assert str(uuid.UUID(ids.effect_id)) == ids.effect_id
     assert len(ids.collapse_id.encode()) <= 64
     assert PRINTABLE_ASCII.fullmatch(ids.collapse_id)
     assert len(ids.fcm_collapse_key.encode()) <= 64
@@ -36,7 +36,7 @@ def test_apns_id_is_per_target_and_collapse_ids_per_job(
 ) -> None:
     a, b = send_ids(dedupe_key, first), send_ids(dedupe_key, second)
 
-    assert (a.apns_id == b.apns_id) == (first == second)
+    assert (a.effect_id == b.effect_id) == (first == second)
     assert (a.collapse_id, a.fcm_collapse_key, a.webpush_topic) == (
         b.collapse_id,
         b.fcm_collapse_key,
@@ -49,7 +49,7 @@ def test_different_jobs_get_different_ids(first: str, second: str, token: str) -
     if first == second:
         return
     a, b = send_ids(first, token), send_ids(second, token)
-    assert a.apns_id != b.apns_id
+    assert a.effect_id != b.effect_id
     assert a.collapse_id != b.collapse_id
     assert a.webpush_topic != b.webpush_topic
 
@@ -60,13 +60,15 @@ def test_short_keys_are_used_as_they_are_and_the_jobs_collapse_key_wins() -> Non
 
     own = send_ids("order-1042-shipped", "abc", collapse_key="order-1042")
     assert own.collapse_id == own.fcm_collapse_key == own.webpush_topic == "order-1042"
-    assert own.apns_id == plain.apns_id  # the apns-id follows the dedupe key, not the collapse key
+    assert (
+        own.effect_id == plain.effect_id
+    )  # the effect id (apns-id) follows the dedupe key, not the collapse key
 
 
 def test_ids_are_fixed_forever() -> None:
     """Changing the derivation would change the ids of jobs already in flight."""
     ids = send_ids("shipments:acme:order-1042-shipped", "abc")
-    assert ids.apns_id == str(
+    assert ids.effect_id == str(
         uuid.uuid5(uuid.UUID("c74a13a6-1eac-55e1-a09c-c2f131de515e"), ids_key())
     )
     long = send_ids("k" * 100, "abc")
@@ -76,3 +78,17 @@ def test_ids_are_fixed_forever() -> None:
 
 def ids_key() -> str:
     return "shipments:acme:order-1042-shipped\0abc"
+
+
+def test_the_webpush_topic_is_the_key_when_it_fits_and_a_hash_of_it_otherwise() -> None:
+    """RFC 8030: at most 32 URL-safe base64 characters. A key that does not fit is
+    hashed, never cut: two keys alike in their first 32 characters get two topics."""
+    fits = "a" * 32
+    assert send_ids(fits, "t").webpush_topic == fits
+    longer, other = "a" * 32 + "-1", "a" * 32 + "-2"
+    topics = {send_ids(k, "t").webpush_topic for k in (fits, longer, other)}
+    assert len(topics) == 3
+    for key in (longer, "order 1042", "order/1042", "ordre-été"):
+        topic = send_ids(key, "t").webpush_topic
+        assert URL_SAFE_B64.fullmatch(topic) and len(topic) == 32
+        assert not key.startswith(topic) and topic not in key  # derived, not truncated

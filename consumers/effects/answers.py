@@ -3,8 +3,8 @@ and, once every target of a job has answered, for the job's message.
 
 | the answer | the row | the job |
 |---|---|---|
-| accepted | `sent` + the provider's id | effect committed |
-| InvalidDeviceToken | `failed` (the hook prunes it) | effect committed |
+| accepted (or found by a lookup) | `sent` + the provider's id | effect committed |
+| TargetGone (a dead token...) | `failed`; the kind's `gone`, the app's hook | effect committed |
 | PermanentProviderError | `failed` | effect committed |
 | ProviderConfigurationError | `claimed` | retried when the probe is due, free |
 | NotStartedInTime | `claimed` | retried at once, free (our lease, not the provider) |
@@ -19,27 +19,25 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import structlog
 
-from consumers.handlers.spec import DeadToken
+from consumers.effects.circuit import ProbeResult
+from consumers.jobs.kind import DeadTarget, EffectKind, Recipient, shown_address
 from consumers.message.verdict import EFFECT, Verdict, error_text, retry
 from consumers.pipeline.deliveries import Item
-from consumers.push.circuit import ProbeResult
-from consumers.push.job import PushJob
 from consumers.telemetry.logs import OutcomeLines
 from dedupe import DedupeKey, SendResult, SendStatus, TargetKey, UnknownOutcome
 from providers import (
-    InvalidDeviceToken,
     NotStartedInTime,
     PermanentProviderError,
-    Platform,
     PlatformRouter,
-    Provider,
     ProviderConfigurationError,
     ProviderReceipt,
+    Sender,
     SendIds,
-    Target,
+    TargetGone,
     TransientProviderError,
     UnknownOutcomeError,
 )
@@ -58,14 +56,20 @@ class Defer(StrEnum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Send:
-    """One leased target to send: the job, the device, its ids, the provider it goes to."""
+    """One leased target to send: the job, whom it goes to, its ids, the provider's name.
+
+    `previous`: the leases the row had before this one (0: its first call).
+    `window_ends`: for a channel that replays by key, when (`time.monotonic()`) its
+    window ends, never later than the provider's own end; None otherwise."""
 
     item: Item
-    job: PushJob
+    job: Any
     target: TargetKey
-    device: Target
+    recipient: Recipient
     ids: SendIds
     provider: str
+    previous: int = 0
+    window_ends: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,22 +80,27 @@ class Answered:
     result: SendResult
     defer: Defer | None = None
     retry_after: float | None = None
-    dead_token: bool = False
+    dead_target: bool = False
+    looked_up: bool = False  # the provider had it: found by our key, not sent again
 
 
 def answered(
-    send: Send, answer: ProviderReceipt | BaseException, policy: UnknownOutcome
+    send: Send,
+    answer: ProviderReceipt | BaseException,
+    policy: UnknownOutcome,
+    *,
+    looked_up: bool = False,
 ) -> Answered:
-    """The row's next state for `answer` (a receipt, or what `Provider.send` raised)."""
+    """The row's next state for `answer` (a receipt, or what `Sender.send` raised)."""
     target = send.target
     if isinstance(answer, ProviderReceipt):
         result = SendResult(
             target=target, status=SendStatus.SENT, provider_message_id=answer.provider_message_id
         )
-        return Answered(send=send, result=result)
+        return Answered(send=send, result=result, looked_up=looked_up)
     if isinstance(answer, PermanentProviderError):
         failed = SendResult(target=target, status=SendStatus.FAILED, failure_reason=answer.reason)
-        return Answered(send=send, result=failed, dead_token=isinstance(answer, InvalidDeviceToken))
+        return Answered(send=send, result=failed, dead_target=isinstance(answer, TargetGone))
     if isinstance(answer, TransientProviderError):
         defer = Defer.TRANSIENT
         if isinstance(answer, ProviderConfigurationError):
@@ -121,7 +130,7 @@ def paused(send: Send, reason: str, wait: float) -> Answered:
 
 
 def probe_result(answer: ProviderReceipt | BaseException) -> ProbeResult:
-    """What an answer says about our credentials (see `consumers.push.circuit`)."""
+    """What an answer says about our credentials (see `consumers.effects.circuit`)."""
     if isinstance(answer, ProviderConfigurationError):
         return ProbeResult.REFUSED
     if isinstance(answer, ProviderReceipt | PermanentProviderError):
@@ -150,12 +159,22 @@ def dedupe_key_text(key: DedupeKey) -> str:
     return f"{key.consumer}\0{key.tenant}\0{key.message_id}"
 
 
+def never_sent(send: Send, why: str) -> Answered:
+    """Not sent, and never to be: a channel that replays by key, past its window with an
+    earlier call's outcome unknown (a call now could be a second, unreplayed one)."""
+    failed = SendResult(
+        target=send.target, status=SendStatus.FAILED, failure_reason=f"unknown_outcome: {why}"
+    )
+    return Answered(send=send, result=failed, defer=None)
+
+
 def metric_outcome(answer: Answered) -> str:
-    """The `outcome` label of a recorded answer: sent, failed, invalid_token, deferred, unknown."""
+    """The `outcome` label of a recorded answer: sent, found (by a lookup), failed,
+    invalid_token, deferred, unknown."""
     status = answer.result.status
     if status is SendStatus.SENT:
-        return "sent"
-    if answer.dead_token:
+        return "found" if answer.looked_up else "sent"
+    if answer.dead_target:
         return "invalid_token"
     if status is SendStatus.FAILED:
         return "failed"
@@ -172,21 +191,23 @@ def metric_outcomes(recorded: Iterable[Answered]) -> dict[str, dict[str, int]]:
     return counts
 
 
-def provider_name(provider: Provider, platform: Platform) -> str:
-    """The name of the provider a target of `platform` goes to (a router's own, inside)."""
+def sender_for(provider: Sender[Any], channel: str) -> Sender[Any]:
+    """The sender a target of `channel` goes to (a router's own, inside)."""
     if isinstance(provider, PlatformRouter):
-        return provider.provider_for(platform).name
-    return provider.name
-
-
-def redact(token: str) -> str:
-    return f"{token[:6]}…" if len(token) > 8 else "…"
+        return provider.provider_for(channel)
+    return provider
 
 
 def log_answer(
-    answer: Answered, *, consumer: str, recorded: bool, lines: OutcomeLines | None = None
+    answer: Answered,
+    *,
+    consumer: str,
+    kind: EffectKind[Any],
+    recorded: bool,
+    lines: OutcomeLines | None = None,
 ) -> None:
-    """One line per target answered: push_sent, invalid_token, push_failed or push_deferred.
+    """One line per target answered: `<kind>_sent`, `invalid_token`, `<kind>_failed` or
+    `<kind>_deferred` (`push_sent`, `webhook_failed`, ...).
 
     `lines`: the fast path (`consumers.telemetry.logs.outcome_lines()`), written by the caller.
     """
@@ -197,37 +218,44 @@ def log_answer(
         "message_id": send.target.key.message_id,
         "attempt": send.item.envelope.attempt if send.item.envelope else 1,
         "target": send.target.target_index,
-        "platform": str(send.device.platform),
-        "token": redact(send.device.token),
+        "channel": send.recipient.channel,
+        "address": shown_address(send.recipient.channel, send.recipient.address),
         "provider": send.provider,
-        "apns_id": send.ids.apns_id,
+        "effect_id": send.ids.effect_id,
         "collapse_id": send.ids.collapse_id,
         "recorded": recorded,
     }
+    if answer.looked_up:
+        fields["found_by_lookup"] = True
     if result.status is SendStatus.SENT and lines is not None:
         # The keys in the order the structlog call below would give them.
         lines.line(
-            "push_sent", "info", {"provider_message_id": result.provider_message_id, **fields}
+            f"{kind.name}_sent",
+            "info",
+            {"provider_message_id": result.provider_message_id, **fields},
         )
     elif result.status is SendStatus.SENT:
-        log.info("push_sent", provider_message_id=result.provider_message_id, **fields)
-    elif answer.dead_token:
+        log.info(f"{kind.name}_sent", provider_message_id=result.provider_message_id, **fields)
+    elif answer.dead_target:
         log.warning("invalid_token", reason=result.failure_reason, **fields)
     elif result.status is SendStatus.FAILED:
-        log.warning("push_failed", reason=result.failure_reason, **fields)
+        log.warning(f"{kind.name}_failed", reason=result.failure_reason, **fields)
     else:
         log.warning(
-            "push_deferred", reason=result.failure_reason, retry_after=answer.retry_after, **fields
+            f"{kind.name}_deferred",
+            reason=result.failure_reason,
+            retry_after=answer.retry_after,
+            **fields,
         )
 
 
-def dead_token(answer: Answered) -> DeadToken:
-    """The hook's view of a token the provider called bad or unregistered."""
+def dead_target(answer: Answered) -> DeadTarget:
+    """The kind's and the hook's view of a target the provider called dead."""
     send = answer.send
-    return DeadToken(
+    return DeadTarget(
         tenant=send.target.key.tenant,
         message_id=send.target.key.message_id,
-        platform=str(send.device.platform),
-        token=send.device.token,
+        channel=send.recipient.channel,
+        address=send.recipient.address,
         reason=answer.result.failure_reason or "",
     )

@@ -3,7 +3,7 @@
 A `ProviderConfigurationError` (APNs InvalidProviderToken, BadTopic...; FCM 401,
 OAuth refused) is not the push's fault: every other push would be refused the
 same way. So the first one opens the provider's circuit, with one loud
-`provider_paused` error line, and from then on the push runner sends nothing
+`provider_paused` error line, and from then on the effects runner sends nothing
 to that provider: its targets go back to `claimed` and their jobs wait in a
 delay tier without spending an attempt. Every `probe_seconds` (doubling up to
 `MAX_PROBE_SECONDS` while refusals go on) one send goes through as a probe;
@@ -149,7 +149,7 @@ class ProviderCircuit:
 
 
 class Circuits:
-    """The circuits of one push queue, by provider name, shared by its runners."""
+    """The circuits of one effects queue, by provider name, shared by its runners."""
 
     def __init__(self, consumer: str, *, probe_seconds: float) -> None:
         self.consumer = consumer

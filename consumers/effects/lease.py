@@ -26,6 +26,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 import structlog
@@ -33,7 +34,7 @@ import structlog
 from consumers.message.decisions import ConfigurationError
 from dedupe import DedupeKey, SendLedger
 from dedupe.lost import dropped_if_demoted
-from providers import PlatformRouter, Provider
+from providers import LooksUp, PlatformRouter, RecoveryKind, Sender
 
 log = structlog.get_logger(__name__)
 
@@ -54,12 +55,12 @@ def usable_seconds(lease_seconds: float) -> float:
     return lease_seconds * (1 - LEASE_MARGIN - EXTEND_EVERY - RENEWAL_ALLOWANCE)
 
 
-def check_lease(queue: str, lease_seconds: float, provider: Provider) -> None:
+def check_lease(queue: str, lease_seconds: float, provider: Sender[Any]) -> None:
     """Refuse, in one line naming the setting, a lease under which no send can start.
 
     The rule the sends follow (`Lease.answer_by()` less the provider's
     `answer_seconds`, with renewals on time), checked once for each provider."""
-    inner = [provider.apns, provider.fcm] if isinstance(provider, PlatformRouter) else [provider]
+    inner = provider.senders if isinstance(provider, PlatformRouter) else (provider,)
     usable = usable_seconds(lease_seconds)
     for one in inner:
         if usable < one.answer_seconds:
@@ -68,6 +69,17 @@ def check_lease(queue: str, lease_seconds: float, provider: Provider) -> None:
                 f"queue {queue}: lease_seconds={lease_seconds:g} leaves {usable:.2f} s to start"
                 f" a send, {one.name} needs {one.answer_seconds:g} s (its timeouts): set"
                 f" lease_seconds to at least {least:.1f}, or lower {one.name}'s timeout_seconds"
+            )
+
+
+def check_recovery(queue: str, provider: Sender[Any]) -> None:
+    """Refuse a sender that says its provider can be asked by our key, and cannot ask."""
+    inner = provider.senders if isinstance(provider, PlatformRouter) else (provider,)
+    for one in inner:
+        if one.recovery.kind is RecoveryKind.LOOKUP_BY_KEY and not isinstance(one, LooksUp):
+            raise ConfigurationError(
+                f"queue {queue}: {one.name} offers lookup by key (its recovery) but has no"
+                " look_up method: give it one, or declare another recovery"
             )
 
 
@@ -174,4 +186,4 @@ class Lease:
     def _lose(self, why: str) -> None:
         self.lost = True
         self.renewed.set()
-        log.warning("push_lease_lost", reason=why, lease_s=self.lease_seconds)
+        log.warning("send_lease_lost", reason=why, lease_s=self.lease_seconds)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import Any
 
-from providers import Provider
+from providers import Sender
 
 
 class ProviderGate:
@@ -27,11 +28,11 @@ class ProviderGate:
         self._busy: dict[int, int] = {}
         self._waiting: dict[int, deque[asyncio.Future[None]]] = {}
 
-    def slot(self, provider: Provider) -> _Slot:
+    def slot(self, provider: Sender[Any]) -> _Slot:
         """`async with gate.slot(provider):` one send's time in the provider."""
         return _Slot(self, provider)
 
-    async def _enter(self, provider: Provider) -> None:
+    async def _enter(self, provider: Sender[Any]) -> None:
         key = id(provider)
         waiting = self._waiting.setdefault(key, deque())
         if waiting or self._busy.get(key, 0) >= max(1, provider.max_in_flight):
@@ -48,7 +49,7 @@ class ProviderGate:
         else:
             self._busy[key] = self._busy.get(key, 0) + 1
 
-    def _release(self, provider: Provider) -> None:
+    def _release(self, provider: Sender[Any]) -> None:
         key = id(provider)
         self._busy[key] -= 1
         waiting = self._waiting[key]
@@ -66,7 +67,7 @@ class _Slot:
 
     __slots__ = ("_gate", "_provider")
 
-    def __init__(self, gate: ProviderGate, provider: Provider) -> None:
+    def __init__(self, gate: ProviderGate, provider: Sender[Any]) -> None:
         self._gate = gate
         self._provider = provider
 

@@ -1,4 +1,4 @@
-"""Steps 2 and 3 of a push batch: send its jobs' targets chunk by chunk, record the answers.
+"""Steps 2 and 3 of an effects batch: send its jobs' targets chunk by chunk, record the answers.
 
 One loop per batch does the database writes of the batch after its claim,
 one at a time (`_writes`), so what it believes it holds is what the ledger says:
@@ -7,7 +7,7 @@ one at a time (`_writes`), so what it believes it holds is what the ledger says:
   arrived within RECORD_WINDOW_SECONDS of the first one not yet recorded, or
   while the previous transaction ran): a crash then re-sends only what was in
   flight or not yet recorded;
-- a task of its own renews the batch's lease when due (`consumers.push.lease`),
+- a task of its own renews the batch's lease when due (`consumers.effects.lease`),
   for every job with rows leased and unrecorded, between two of those writes;
 - when fewer than half a chunk of a job is leased and unanswered, it leases the
   next CHUNK_TARGETS of its targets, at the expiry the others hold: what is
@@ -19,6 +19,17 @@ Sends run with no transaction open, at most `max_in_flight` per provider (the
 rest wait here, so the deadline a send is given is read when it can start),
 each only while its lease leaves the provider's `answer_seconds`; a send that
 met a lease too short waits for its renewal, and none starts once it is lost.
+
+A target called before (its row leased again: the earlier call failed, or its
+sender died mid-call) is sent as its channel allows (`providers.Recovery`):
+
+- replays by key: called again with the same key only while the call can reach
+  the provider inside its window (counted from the row's first lease, so never
+  later than the provider counts it); past it, never: the row fails as
+  `unknown_outcome: replay_window_passed`, for an operator to look at;
+- lookup by key: the provider is asked first (`LooksUp.look_up`); a call it has
+  is recorded as sent with its id, and only one it never had is made;
+- neither: sent again with the same ids (the queue's RESEND; SKIP never gets here).
 """
 
 from __future__ import annotations
@@ -28,26 +39,37 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import asyncpg
 
-from consumers.handlers.spec import PushSpec
-from consumers.message.verdict import Verdict
+from consumers.effects.answers import (
+    Answered,
+    Send,
+    answered,
+    never_sent,
+    paused,
+    probe_result,
+    sender_for,
+)
+from consumers.effects.circuit import Circuits
+from consumers.effects.gate import ProviderGate
+from consumers.effects.lease import Lease
+from consumers.effects.traced import close_send, send_span
+from consumers.handlers.spec import EffectSpec
+from consumers.message.verdict import Verdict, error_text
 from consumers.pipeline.deliveries import Item
-from consumers.push.answers import Answered, Send, answered, paused, probe_result
-from consumers.push.circuit import Circuits
-from consumers.push.gate import ProviderGate
-from consumers.push.job import PushJob
-from consumers.push.lease import Lease
+from consumers.telemetry.tracing import Span
 from dedupe import DedupeKey, SendRow, SendStatus
 from providers import (
     JobIds,
+    LooksUp,
     NotStartedInTime,
-    Platform,
-    PlatformRouter,
-    Provider,
+    ProviderError,
     ProviderReceipt,
+    RecoveryKind,
+    Sender,
+    TransientProviderError,
     UnknownOutcomeError,
 )
 
@@ -58,14 +80,16 @@ RECORD_WINDOW_SECONDS = 0.05  # how long answers gather before a recording trans
 class FanoutSteps(Protocol):
     """What the runner does for a fanout: the database steps and a job's verdict."""
 
-    async def record(self, answers: list[Answered]) -> bool:
-        """Step 3 for `answers`, in one transaction; False: not recorded (database lost)."""
+    async def record(self, answers: list[Answered], batch: Span | None = None) -> bool:
+        """Step 3 for `answers`, in one transaction; False: not recorded (database lost).
+        `batch`: the batch's span, when traced."""
 
     async def take_chunks(self, items: list[Item], lease: Lease) -> list[SendRow] | None:
         """Lease the next chunk of these jobs at `lease`; every row; None: database lost."""
 
-    def new_send(self, progress: JobProgress, index: int) -> Send:
-        """The send of target `index` of the job `progress` follows."""
+    def new_send(self, progress: JobProgress, row: SendRow, started: float) -> Send:
+        """The send of a row leased to the job `progress` follows, by a statement begun
+        after `started` (`time.monotonic()`)."""
 
     def verdict(self, progress: JobProgress) -> Verdict:
         """The verdict of a job whose leased targets are all answered (or lost)."""
@@ -78,7 +102,7 @@ class JobProgress:
     """One job of the batch: what is leased and unrecorded, what is left to lease."""
 
     item: Item
-    job: PushJob
+    job: Any
     takeable: int  # rows we may still lease, as far as the claim or the last chunk showed
     held: int = 0  # rows leased to us whose answer is not recorded yet
     answers: list[Answered] = field(default_factory=list)
@@ -96,34 +120,29 @@ def takeable(rows: Sequence[SendRow]) -> int:
     )
 
 
-def sub_provider(provider: Provider, platform: Platform) -> Provider:
-    """The provider a target of `platform` goes to (a router's own, inside)."""
-    if isinstance(provider, PlatformRouter):
-        return provider.provider_for(platform)
-    return provider
-
-
 class Fanout:
     """One batch's sends, records, renewals and chunks (see the module docstring)."""
 
     def __init__(
         self,
         *,
-        push: PushSpec,
+        effects: EffectSpec,
         pool: asyncpg.Pool,
-        provider: Provider,
+        provider: Sender[Any],
         circuits: Circuits,
         gate: ProviderGate,
         lease: Lease,
         steps: FanoutSteps,
+        batch: Span | None = None,
     ) -> None:
-        self.push = push
+        self.effects = effects
         self.pool = pool
         self.provider = provider
         self.circuits = circuits
         self.gate = gate
         self.lease = lease
         self.steps = steps
+        self.batch = batch  # its span, when traced
         self._arrived: list[Answered] = []
         self._new_answer = asyncio.Event()
         self._everything = asyncio.Event()
@@ -158,7 +177,7 @@ class Fanout:
                 await self._wait()
                 group, self._arrived = self._arrived, []
                 async with self._writes:  # what held() says stays what the ledger holds
-                    recorded = await self.steps.record(group) if group else True
+                    recorded = await self.steps.record(group, self.batch) if group else True
                     for answer in group:
                         p = progress[answer.send.item]
                         p.held -= 1
@@ -204,6 +223,7 @@ class Fanout:
         ]
         if not wanting:
             return
+        started = time.monotonic()
         rows = await self.steps.take_chunks(wanting, self.lease)
         if rows is None:  # the database is lost: take nothing more
             for item in wanting:
@@ -218,7 +238,7 @@ class Fanout:
             p = progress[item]
             of_job = by_job.get(item.envelope.key, [])
             p.takeable = takeable(of_job)
-            sends += [self.steps.new_send(p, r.target.target_index) for r in of_job if r.mine]
+            sends += [self.steps.new_send(p, r, started) for r in of_job if r.mine]
         self._start(progress, sends)
 
     def _start(self, progress: dict[Item, JobProgress], sends: list[Send]) -> None:
@@ -232,13 +252,16 @@ class Fanout:
 
     async def _send(self, send: Send) -> None:
         cancelled: asyncio.CancelledError | None = None
-        target = sub_provider(self.provider, send.device.platform)
+        target = sender_for(self.provider, send.recipient.channel)
+        span = send_span(send) if send.item.span is not None else None
         try:
             async with self.gate.slot(target):
                 answer = await self._attempt(send, target)
         except asyncio.CancelledError as exc:  # counted below, then re-raised
             cancelled = exc
-            answer = answered(send, UnknownOutcomeError("Cancelled"), self.push.unknown_outcome)
+            answer = answered(send, UnknownOutcomeError("Cancelled"), self.effects.unknown_outcome)
+        if span is not None:
+            close_send(span, answer)
         self._arrived.append(answer)
         self._new_answer.set()
         self._outstanding -= 1
@@ -247,33 +270,65 @@ class Fanout:
         if cancelled is not None:
             raise cancelled
 
-    async def _attempt(self, send: Send, target: Provider) -> Answered:
-        """One send, once its lease leaves `target` the time to answer; none once lost."""
-        policy, lease = self.push.unknown_outcome, self.lease
+    async def _attempt(self, send: Send, target: Sender[Any]) -> Answered:
+        """One send, once its lease leaves `target` the time to answer; none once lost.
+
+        A target called before goes as its channel allows (the module docstring)."""
+        policy, lease = self.effects.unknown_outcome, self.lease
         circuit = self.circuits.of(send.provider)
+        recovery = target.recovery.kind
+        ask_first = send.previous > 0 and recovery is RecoveryKind.LOOKUP_BY_KEY
+        effect: object = None
         while True:
             answer_by = lease.answer_by()
             if lease.lost or self._stopping:
                 reason = "LeaseLost" if lease.lost else "Stopping"
                 return answered(send, NotStartedInTime(reason, provider=target.name), policy)
-            if time.monotonic() > answer_by - target.answer_seconds:
+            now = time.monotonic()
+            if now > answer_by - target.answer_seconds:
                 await self._renewal()  # the lease is due a renewal: wait for it
                 continue
             if not circuit.admit():
                 return paused(send, circuit.reason or "", circuit.seconds_to_probe())
-            reply: ProviderReceipt | BaseException
+            if (
+                send.previous > 0
+                and recovery is RecoveryKind.REPLAYS_BY_KEY
+                and (send.window_ends is None or now + target.answer_seconds > send.window_ends)
+            ):
+                return never_sent(send, "replay_window_passed")
+            reply: ProviderReceipt | BaseException | None
             try:
-                push = send.job.push_for(send.device)
-                reply = await self.provider.send(push, send.ids, deadline=answer_by)
+                if effect is None:
+                    effect = await self._effect(send)
+                if ask_first:
+                    assert isinstance(target, LooksUp)  # checked when the worker started
+                    reply = await target.look_up(effect, send.ids, deadline=answer_by)
+                else:
+                    reply = await target.send(effect, send.ids, deadline=answer_by)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # translated by answered(); a bug is unknown
                 reply = exc
+            if reply is None:  # the provider never had it: now call
+                ask_first = False
+                continue
             circuit.observe(probe_result(reply), getattr(reply, "reason", ""))
             if isinstance(reply, NotStartedInTime) and not lease.lost:
                 await self._renewal()  # nothing sent: try again on the renewed lease
                 continue
-            return answered(send, reply, policy)
+            return answered(send, reply, policy, looked_up=ask_first)
+
+    async def _effect(self, send: Send) -> object:
+        """What the send carries, built by the queue's kind; nothing is sent if it fails."""
+        try:
+            return await self.effects.kind.effect(
+                send.job, send.target.target_index, send.recipient
+            )
+        except (ProviderError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            reason = f"effect_not_built: {error_text(exc)}"
+            raise TransientProviderError(reason, provider=send.provider) from exc
 
     async def _renewal(self) -> None:
         with contextlib.suppress(TimeoutError):
