@@ -63,10 +63,12 @@ from consumers.settings import (
     RelaySettings,
     RetentionSettings,
     Settings,
+    TracingSettings,
     WebhookSettings,
     WorkerSettings,
 )
 from consumers.telemetry.logs import configure_logging
+from consumers.telemetry.tracing import SpanKind, Tracing, tracing
 from dedupe import UnknownOutcome
 
 __all__ = [
@@ -119,6 +121,9 @@ __all__ = [
     "Retry",
     "RetryPolicy",
     "Settings",
+    "SpanKind",
+    "Tracing",
+    "TracingSettings",
     "UnknownOutcome",
     "Unroutable",
     "WebhookJob",
@@ -136,5 +141,6 @@ __all__ = [
     "push_job_body",
     "push_job_parts",
     "tier_queue",
+    "tracing",
     "webhook_job_body",
 ]
