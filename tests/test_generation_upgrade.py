@@ -14,7 +14,7 @@ from dedupe.generations import PROCESSED_MESSAGES
 from proving.deadlines import ANSWER_S, within
 from tests.conftest import DATABASE_URL
 
-BEFORE_GENERATIONS = 6  # the last migration before processed_messages had generations
+BEFORE_GENERATIONS = 9  # every migration before processed_messages had generations (0010)
 OLD_ROWS = 20_000
 # The claim of a worker of the version before: no generation named.
 OLD_CLAIM = (
