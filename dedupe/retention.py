@@ -17,8 +17,7 @@ this module only removes what is older than it is told, like this:
    batch deleted, read through the BRIN index on the time column in the
    heap's order. So a batch reads the block ranges around the cursor, not
    all those earlier batches emptied nor the young rows past the cutoff, and
-   its cost per deleted row does not grow with the table
-   (`python -m proving.bench.cleanup` measures it).
+   its cost per deleted row does not grow with the table.
 4. A run ends with a batch that has no lower time bound and comes back
    short: rows the cursor stepped past (out of time order on disk) are
    deleted then, and no expired row is left behind.
@@ -148,7 +147,7 @@ async def cleanup(
     *,
     wait: bool = False,
 ) -> CleanupResult:
-    """Delete expired rows batch by batch until none is left; return the counts.
+    """Remove expired rows (generations whole, other tables batch by batch); return the counts.
 
     Raises CleanerBusy if another cleaner of `schema` is running (unless `wait`).
     """
