@@ -19,6 +19,15 @@ from consumers.handlers.spec import (
     MessageHandler,
     ProviderFactory,
 )
+from consumers.jobs.api import ApiJob, ApiKind, api_job_body, parse_api_job
+from consumers.jobs.email import (
+    EMAIL,
+    EmailJob,
+    EmailKind,
+    InvalidEmailJob,
+    email_job_body,
+    parse_email_job,
+)
 from consumers.jobs.kind import DeadTarget, EffectKind, InvalidJob, Recipient
 from consumers.jobs.push import PUSH, InvalidPushJob, PushJob, parse_push_job, push_job_body
 from consumers.message.decisions import (
@@ -61,11 +70,14 @@ from dedupe import UnknownOutcome
 
 __all__ = [
     "ATTEMPT_HEADER",
+    "EMAIL",
     "NO_FAULTS",
     "PUSH",
     "REASON_HEADER",
     "TENANT_HEADER",
     "AmqpSettings",
+    "ApiJob",
+    "ApiKind",
     "App",
     "BadInput",
     "Batch",
@@ -80,10 +92,13 @@ __all__ = [
     "DeadTarget",
     "EffectKind",
     "EffectSpec",
+    "EmailJob",
+    "EmailKind",
     "Envelope",
     "Faults",
     "HandlerDecision",
     "HandlerSpec",
+    "InvalidEmailJob",
     "InvalidJob",
     "InvalidPushJob",
     "InvalidTokenHook",
@@ -110,10 +125,14 @@ __all__ = [
     "Unroutable",
     "Worker",
     "WorkerSettings",
+    "api_job_body",
     "configure_logging",
     "dead_letter_queue",
+    "email_job_body",
     "job_message",
     "load_app",
+    "parse_api_job",
+    "parse_email_job",
     "parse_push_job",
     "publish_push_job",
     "push_job_body",

@@ -1,12 +1,15 @@
 """External senders: the Sender seam (and Provider, its push form), what a channel offers
-after a crash (Recovery), APNs and FCM, their errors, and stable send ids.
+after a crash (Recovery), APNs and FCM, e-mail over SMTP, any API with an idempotency
+key, their errors, and stable send ids.
 
-`providers.fakes` holds local fake APNs and FCM servers for tests and demos.
-The APNs and FCM names load on first use, so the rest works without the `push` extra.
+`providers.fakes` holds local fake servers for tests and demos.
+The APNs, FCM, SMTP and API senders load on first use, so the rest works without
+their extras (`push`, `mail`, `api`).
 """
 
 from typing import TYPE_CHECKING, Any
 
+from providers.api_call import ApiCall, ApiRequest, ApiResponse, ApiSettings, InvalidCall
 from providers.errors import (
     InvalidDeviceToken,
     NotStartedInTime,
@@ -18,6 +21,7 @@ from providers.errors import (
     UnknownOutcomeError,
 )
 from providers.ids import JobIds, SendIds, job_ids, send_ids
+from providers.mail import Email, InvalidEmail
 from providers.provider import (
     LOOKUP_BY_KEY,
     NEITHER,
@@ -32,16 +36,21 @@ from providers.provider import (
 from providers.push import Notification, Platform, Priority, Push, Target
 from providers.recording import RecordedSend, RecordingProvider
 from providers.routing import PlatformRouter
+from providers.smtp_settings import SmtpSettings, SmtpTls
 
 if TYPE_CHECKING:
     from providers.apns import ApnsProvider, ApnsSettings
     from providers.fcm import FcmProvider, FcmSettings
+    from providers.idempotent_api import IdempotentApi
+    from providers.smtp import SmtpSender
 
 _LAZY = {
     "ApnsProvider": "providers.apns",
     "ApnsSettings": "providers.apns",
     "FcmProvider": "providers.fcm",
     "FcmSettings": "providers.fcm",
+    "IdempotentApi": "providers.idempotent_api",
+    "SmtpSender": "providers.smtp",
 }
 
 
@@ -56,11 +65,19 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "LOOKUP_BY_KEY",
     "NEITHER",
+    "ApiCall",
+    "ApiRequest",
+    "ApiResponse",
+    "ApiSettings",
     "ApnsProvider",
     "ApnsSettings",
+    "Email",
     "FcmProvider",
     "FcmSettings",
+    "IdempotentApi",
+    "InvalidCall",
     "InvalidDeviceToken",
+    "InvalidEmail",
     "JobIds",
     "LooksUp",
     "NotStartedInTime",
@@ -80,6 +97,9 @@ __all__ = [
     "RecoveryKind",
     "SendIds",
     "Sender",
+    "SmtpSender",
+    "SmtpSettings",
+    "SmtpTls",
     "Target",
     "TargetGone",
     "TransientProviderError",

@@ -243,7 +243,7 @@ class PushKind:
             for _, job in jobs
         ]
 
-    async def effect(self, job: PushJob, index: int, recipient: Recipient) -> Push:
+    async def effect(self, job: PushJob, index: int, recipient: Recipient, *, tenant: str) -> Push:
         return job.push_for(job.targets[index])
 
     async def gone(self, tx: DbConnection, dead: DeadTarget) -> None:
