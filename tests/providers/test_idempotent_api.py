@@ -33,9 +33,10 @@ from tests.apps.payments import LookedUpPaymentsApi, PaymentsApi
 TIMEOUT_S = 1.0
 
 
-def _settings(fake: FakePayments, **overrides: float) -> ApiSettings:
-    values = {"timeout_seconds": TIMEOUT_S, "connect_timeout_seconds": TIMEOUT_S / 2}
-    return ApiSettings(base_url=fake.base_url, **(values | overrides))
+def _settings(fake: FakePayments) -> ApiSettings:
+    return ApiSettings(
+        base_url=fake.base_url, timeout_seconds=TIMEOUT_S, connect_timeout_seconds=TIMEOUT_S / 2
+    )
 
 
 @pytest.fixture
