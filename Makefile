@@ -11,7 +11,7 @@ SOURCES := console consumers dedupe ingress providers proving tests
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[demo,bench,console]' --group dev --group docs
+	$(PY) -m pip install --quiet -e '.[demo,bench,console,tracing]' --group dev --group docs
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -3,7 +3,8 @@
 A replay, in this order (the code below carries the same numbers):
 
 1. The form carries an intent key, made when the page with the button was
-   rendered (`audit.new_intent`), and the filters the operator chose.
+   rendered (`console.intents`: checked for this sign-in, button, queue and
+   filters before this is reached), and the filters the operator chose.
 2. `Audit.begin` inserts the intent's row and commits. The primary key on
    the intent decides: of every request with this key (a double click, a
    resubmitted form, two tabs, two operators sharing a link) exactly one

@@ -1,7 +1,8 @@
 """The console's FastAPI app: its state opened and closed with it, and its routes.
 
 The pages are in `console.pages` (read only), the buttons in
-`console.buttons`, the sign-in in `console.signin`. Every page is plain
+`console.buttons`, the sign-in in `console.signin`; every request that is not
+a GET passes `console.origin`'s check first. Every page is plain
 HTML rendered on the server: no build chain, no CDN; it reads without
 JavaScript, and `console.js` only disables a button while its form is pending.
 """
@@ -14,10 +15,10 @@ from importlib import resources
 from typing import Any
 
 import asyncpg
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import Response
 
-from console import buttons, pages, signin
+from console import buttons, origin, pages, signin
 from console.audit import Audit
 from console.settings import ConsoleSettings
 from console.state import Console, templates
@@ -42,12 +43,19 @@ def create_app(settings: Settings, console: ConsoleSettings) -> FastAPI:
         finally:
             await state.close()
 
-    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        dependencies=[Depends(origin.guard(console.origins))],
+    )
     app.state.console = state
     static = resources.files("console").joinpath("static")
     for name, kind in (("console.css", "text/css"), ("console.js", "text/javascript")):
         body = static.joinpath(name).read_bytes()
         app.add_api_route(f"/{name}", _static(body, kind), methods=["GET"])
+    origin.install(app, state)
     signin.install(app, state)
     pages.install(app, state)
     buttons.install(app, state)

@@ -1,6 +1,7 @@
 """The audit of every replay and archive: who, when, what, and each message's outcome.
 
-`console_actions` has the intent key as its primary key. `begin()` inserts
+`console_actions` has the intent key (`console.intents`, checked before this
+is reached) as its primary key. `begin()` inserts
 the action's row and commits it before anything is done; of all the
 requests carrying one key (a double click, a resubmitted form, two tabs)
 exactly one inserts it, and only that one acts. The others read the row
@@ -10,7 +11,6 @@ exactly one inserts it, and only that one acts. The others read the row
 from __future__ import annotations
 
 import datetime
-import secrets
 from dataclasses import dataclass
 
 import asyncpg
@@ -18,11 +18,6 @@ import asyncpg
 from consumers.commands.deadletters import DeadLetter
 from consumers.commands.printable import printable
 from dedupe import DbConnection, quote_ident
-
-
-def new_intent() -> str:
-    """The key of one intent, made when the page with the button is rendered."""
-    return secrets.token_urlsafe(18)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

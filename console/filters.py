@@ -2,7 +2,8 @@
 
 Blank fields filter nothing. `exact` (set by the one-message page) makes a
 blank tenant mean "no tenant" rather than "any tenant", so that page's
-buttons act on that one key only.
+buttons act on that one key only. `digest` (`DeadLetter.digest`) picks one
+dead letter by its content: the page of one without a usable message_id.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Filters:
     tenant: str = ""
     exact: bool = False  # the tenant is exact, even blank: one key's page
     since: str = ""
+    digest: str = ""
     limit: int = 100
 
     @classmethod
@@ -44,6 +46,7 @@ class Filters:
             tenant=fields.get("tenant", ""),
             exact=fields.get("exact", "") == "1",
             since=fields.get("since", ""),
+            digest=fields.get("digest", ""),
             limit=max(1, min(limit, MOST)),
         )
 
@@ -53,6 +56,7 @@ class Filters:
             message_id=self.message_id or None,
             tenant=self.tenant if self.tenant or self.exact else None,
             since=self._since(),
+            digest=self.digest or None,
             limit=self.limit,
         )
 
@@ -72,6 +76,7 @@ class Filters:
             "tenant": self.tenant,
             "exact": "1" if self.exact else "",
             "since": self.since,
+            "digest": self.digest,
             "limit": str(self.limit) if self.limit != 100 else "",
         }
         return {name: value for name, value in found.items() if value}

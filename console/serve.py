@@ -45,6 +45,13 @@ def console_main(argv: Sequence[str], settings: Settings) -> int:
     parser.add_argument(
         "--metrics-url", action="append", default=None, help="a worker's /metrics, linked"
     )
+    parser.add_argument(
+        "--origin",
+        action="append",
+        default=None,
+        help="another origin its pages are served from, e.g. a proxy's https://console.example"
+        " (repeat; default IW_CONSOLE_ORIGINS): a POST from it is not refused",
+    )
     args = parser.parse_args(argv)
     console = ConsoleSettings(
         host=args.host,
@@ -52,6 +59,7 @@ def console_main(argv: Sequence[str], settings: Settings) -> int:
         queues=tuple(args.queue) if args.queue else base.queues,
         metrics_urls=tuple(args.metrics_url) if args.metrics_url else base.metrics_urls,
         scan=base.scan,
+        origins=tuple(args.origin) if args.origin else base.origins,
     )
     return asyncio.run(serve(console, settings))
 

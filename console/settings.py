@@ -17,10 +17,12 @@ class ConsoleSettings:
     queues: tuple[str, ...] = ()  # the work queues whose DLQs the first page shows
     metrics_urls: tuple[str, ...] = ()  # the workers' /metrics, linked from every page
     scan: int = 10_000  # dead letters read at most per page
+    origins: tuple[str, ...] = ()  # where else its pages are served from (a proxy's https://...)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ConsoleSettings:
-        """IW_CONSOLE_HOST, IW_CONSOLE_PORT, IW_CONSOLE_QUEUES and IW_CONSOLE_METRICS (commas)."""
+        """IW_CONSOLE_HOST, IW_CONSOLE_PORT, IW_CONSOLE_SCAN, and IW_CONSOLE_QUEUES,
+        IW_CONSOLE_METRICS and IW_CONSOLE_ORIGINS (commas)."""
         base = cls()
         return cls(
             host=env.get("IW_CONSOLE_HOST", base.host),
@@ -28,6 +30,7 @@ class ConsoleSettings:
             queues=_list(env.get("IW_CONSOLE_QUEUES", "")),
             metrics_urls=_list(env.get("IW_CONSOLE_METRICS", "")),
             scan=int(env.get("IW_CONSOLE_SCAN", str(base.scan))),
+            origins=_list(env.get("IW_CONSOLE_ORIGINS", "")),
         )
 
 

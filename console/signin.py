@@ -3,6 +3,9 @@
 The token goes in a cookie (HttpOnly, SameSite=Strict: no other site's page
 can send it along) or, for scripts, an `Authorization: Bearer` header. Every
 request looks it up by its hash, so a revoked token stops working at once.
+Each sign-in at /login also sets a random session cookie: the intent keys of
+the pages it is shown are bound to that sign-in (`session_of`), so a key
+rendered for another sign-in, even of the same token, acts on nothing.
 A page asked for without one is sent to /login; a button pressed without
 the operator role is refused (403) and nothing is done. A form is read up to
 FORM_MAX_BYTES (413 past it, before the rest is read): /login reads one
@@ -11,6 +14,8 @@ before anyone is signed in.
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 import urllib.parse
 
 from fastapi import FastAPI, Request
@@ -21,6 +26,7 @@ from console.tokens import Operator
 from consumers.runtime.http_limits import BodyTooLarge, ClientGone, read_within
 
 COOKIE = "iw_console"
+SESSION_COOKIE = "iw_console_session"
 
 
 class NotSignedIn(Exception):
@@ -31,11 +37,27 @@ class NotAllowed(Exception):
     """The token's role may not do this."""
 
 
+def _bearer(request: Request) -> str | None:
+    sent = request.headers.get("authorization", "")
+    return sent[7:].strip() if sent.lower().startswith("bearer ") else None
+
+
+def session_of(request: Request) -> str:
+    """What the request's intent keys are bound to: its sign-in (the cookie's token and
+    the session /login set beside it), or a script's bearer token."""
+    bearer = _bearer(request)
+    if bearer is not None:
+        seen = f"bearer\0{bearer}"
+    else:
+        seen = (
+            f"cookie\0{request.cookies.get(COOKIE, '')}\0{request.cookies.get(SESSION_COOKIE, '')}"
+        )
+    return hashlib.sha256(seen.encode("utf-8", "surrogateescape")).hexdigest()
+
+
 async def operator_of(console: Console, request: Request) -> Operator:
-    token = request.cookies.get(COOKIE, "")
-    bearer = request.headers.get("authorization", "")
-    if bearer.lower().startswith("bearer "):
-        token = bearer[7:].strip()
+    bearer = _bearer(request)
+    token = request.cookies.get(COOKIE, "") if bearer is None else bearer
     if not token:
         raise NotSignedIn
     async with console.db().acquire() as conn:
@@ -105,10 +127,13 @@ def install(app: FastAPI, console: Console) -> None:
             return console.page(request, "login.html", 401, error="No such token, or revoked.")
         answer = RedirectResponse("/", status_code=303, headers=SECURITY_HEADERS)
         answer.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+        session = secrets.token_urlsafe(18)
+        answer.set_cookie(SESSION_COOKIE, session, httponly=True, samesite="strict", path="/")
         return answer
 
     @app.post("/logout")
     async def logout(request: Request) -> Response:
         answer = RedirectResponse("/login", status_code=303)
-        answer.delete_cookie(COOKIE, path="/")
+        for name in (COOKIE, SESSION_COOKIE):
+            answer.delete_cookie(name, path="/")
         return answer

@@ -1,4 +1,5 @@
-"""What every request of the console uses: a pool, the broker, the templates, the audit."""
+"""What every request of the console uses: a pool, the broker, the templates, the audit,
+the intent keys."""
 
 from __future__ import annotations
 
@@ -15,20 +16,22 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from console.audit import Audit
 from console.escape import visible
+from console.intents import Intents
 from console.settings import ConsoleSettings
 from console.tokens import Tokens
 from consumers.broker.connection import connect_once
 from consumers.commands.printable import printable
 from consumers.settings import Settings
 
-# What the pages may load: their own stylesheet and script, nothing else.
+# What the pages may load: their own stylesheet and script, nothing else. A Referer
+# only to the console itself: its own forms keep their Origin (`console.origin`).
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self';"
         " form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 
@@ -42,6 +45,7 @@ class Console:
     templates: Environment
     tokens: Tokens
     audit: Audit
+    intents: Intents = field(default_factory=Intents)  # its secret: this process's own
     pool: asyncpg.Pool | None = None
     _broker: aio_pika.abc.AbstractConnection | None = None
     _connecting: asyncio.Lock = field(default_factory=asyncio.Lock)

@@ -8,6 +8,7 @@ One message's story is `inspect`'s (`dedupe.look_up`).
 from __future__ import annotations
 
 import datetime
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,12 +16,15 @@ from typing import Any
 import aio_pika
 from markupsafe import Markup
 
+from console.audit import Done
 from console.chart import Chart, arrivals
 from console.escape import shown_body
 from consumers.commands.deadletters import DeadLetter, read_dead_letters
+from consumers.commands.printable import printable
 from consumers.commands.replay import same_body
 from consumers.handlers.retry import dead_letter_queue
 from consumers.jobs.kind import shown_address
+from consumers.message.envelope import is_text
 from dedupe import KeyRecord
 
 
@@ -87,6 +91,29 @@ def _last(letters: Sequence[DeadLetter]) -> datetime.datetime | None:
     return max((x.dead_lettered_at for x in letters if x.dead_lettered_at), default=None)
 
 
+def addressable(letter: DeadLetter) -> bool:
+    """Whether a URL can name `letter` by its key: a message_id, it and the tenant UTF-8."""
+    return letter.message_id is not None and is_text(letter.message_id) and is_text(letter.tenant)
+
+
+def letter_url(queue: str, letter: DeadLetter) -> str:
+    """The page of `letter`: by its key when a URL can hold it, else by its digest."""
+    if addressable(letter):
+        query = {"queue": queue, "message_id": letter.message_id, "tenant": letter.tenant}
+    else:
+        query = {"queue": queue, "digest": letter.digest}
+    return "/message?" + urllib.parse.urlencode(query)
+
+
+def audited_url(queue: str, done: Done) -> str | None:
+    """The page of a message an action took, by its id and tenant as the audit keeps them
+    (printed: the message page reads that form too); None without a message_id."""
+    if done.message_id == printable(None):
+        return None
+    query = {"queue": queue, "message_id": done.message_id, "tenant": done.tenant}
+    return "/message?" + urllib.parse.urlencode(query)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimVerdict:
     """What the claim row says a replay of this copy would do."""
@@ -96,7 +123,17 @@ class ClaimVerdict:
     text: str
 
 
-def claim_verdict(record: KeyRecord, body: bytes) -> ClaimVerdict:
+NO_KEY = ClaimVerdict(
+    claimed=False,
+    noop=False,
+    text="no dedupe key (no message_id, or an id or tenant that is not UTF-8):"
+    " a replay would skip it",
+)
+
+
+def claim_verdict(record: KeyRecord | None, body: bytes) -> ClaimVerdict:
+    if record is None:
+        return NO_KEY
     claim = record.claim
     if claim is None:
         return ClaimVerdict(
@@ -131,7 +168,7 @@ class ShownCopy:
     verdict: ClaimVerdict
 
 
-def shown_copy(letter: DeadLetter, record: KeyRecord) -> ShownCopy:
+def shown_copy(letter: DeadLetter, record: KeyRecord | None) -> ShownCopy:
     body, is_json = shown_body(letter.message.body)
     return ShownCopy(
         letter=letter,

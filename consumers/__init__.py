@@ -3,7 +3,8 @@
 Everything a user, a test or a tool of ours needs is imported here and listed
 in `__all__`; the subpackages (message, handlers, pipeline, push, publishing,
 broker, retention, telemetry, runtime, commands, jobs, effects) are the inside,
-free to change.
+free to change. `consumers.testing`, the kit for testing your own handlers, is
+a public face of its own, as structlog's `testing` is.
 """
 
 from consumers.effects.circuit import CircuitState, CircuitView

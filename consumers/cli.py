@@ -26,6 +26,8 @@ from consumers.retention.retry_horizon import RetentionTooShort, check_retention
 from consumers.runtime.process import run_process
 from consumers.settings import Settings
 from consumers.telemetry.logs import configure_logging
+from consumers.telemetry.tracing import tracing
+from consumers.telemetry.tracing_setup import configure_tracing
 from dedupe import DedupeError, migrate
 
 log = structlog.get_logger(__name__)
@@ -185,6 +187,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.args = [*unknown, *args.args]
     configure_logging(args.log_level)
     settings = Settings.from_env()
+    configure_tracing(settings.tracing)
+    try:
+        return _command(args, settings)
+    finally:
+        tracing().shutdown()  # the spans not yet exported, before the process exits
+
+
+def _command(args: argparse.Namespace, settings: Settings) -> int:
     try:
         if args.command == "migrate":
             return asyncio.run(_migrate(settings))

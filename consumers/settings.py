@@ -136,6 +136,51 @@ class RelaySettings:
             raise ValueError("relay batch_size, concurrency and poll interval must be positive")
 
 
+TRACE_EXPORTERS = ("otlp", "console")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TracingSettings:
+    """Whether spans are made and exported (`consumers.telemetry.tracing`).
+
+    Read from the standard OpenTelemetry variables only; the SDK reads the others
+    (service name, resource, sampler, batch processor, OTLP endpoint) itself."""
+
+    exporter: str | None = None  # otlp | console; None: off
+    protocol: str = "http/protobuf"  # OTLP's; only http/protobuf is shipped
+
+    @property
+    def enabled(self) -> bool:
+        return self.exporter is not None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> TracingSettings:
+        """On when OTEL_TRACES_EXPORTER names an exporter, or an OTLP endpoint is set;
+        off with OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none."""
+        if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            return cls()
+        named = [
+            name.strip().lower()
+            for name in env.get("OTEL_TRACES_EXPORTER", "").split(",")
+            if name.strip()
+        ]
+        if "none" in named:
+            return cls()
+        unknown = [name for name in named if name not in TRACE_EXPORTERS]
+        if unknown:
+            raise ValueError(
+                f"OTEL_TRACES_EXPORTER: {', '.join(unknown)} is not one of otlp, console"
+            )
+        endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+            "OTEL_EXPORTER_OTLP_ENDPOINT"
+        )
+        exporter = named[0] if named else ("otlp" if endpoint else None)
+        protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get(
+            "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+        )
+        return cls(exporter=exporter, protocol=protocol.strip().lower())
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     amqp: AmqpSettings = field(default_factory=AmqpSettings)
@@ -144,6 +189,7 @@ class Settings:
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     relay: RelaySettings = field(default_factory=RelaySettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -192,4 +238,5 @@ class Settings:
                 concurrency=int(env.get("IW_RELAY_CONCURRENCY", "4")),
                 poll_interval_s=float(env.get("IW_RELAY_POLL", "1")),
             ),
+            tracing=TracingSettings.from_env(env),
         )

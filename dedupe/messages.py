@@ -67,6 +67,10 @@ class NewMessage:
     # A send of more than PART_TARGETS devices: its parts' bodies, in order, published
     # as `<job id>#0`, `#1`, ... (`part_message_ids`) instead of `job`.
     parts: tuple[bytes, ...] = ()
+    # W3C trace context the outbox rows keep (and the relay's publish continues):
+    # the request's span when tracing is on, else None.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,8 +139,9 @@ class Messages:
         # id if won, else the stored fingerprint and id (NULL if the snapshot missed them).
         self._accept_sql = (
             "WITH input AS MATERIALIZED (SELECT *, gen_random_uuid() AS id FROM unnest("
-            "$1::text[], $2::text[], $3::bytea[], $4::text[], $5::int[])"
-            " WITH ORDINALITY AS x(tenant, idempotency_key, fingerprint, queue, targets, n)),"
+            "$1::text[], $2::text[], $3::bytea[], $4::text[], $5::int[], $9::text[], $10::text[])"
+            " WITH ORDINALITY AS x(tenant, idempotency_key, fingerprint, queue, targets,"
+            " traceparent, tracestate, n)),"
             f" won AS (INSERT INTO {self._keys} (tenant, idempotency_key, fingerprint, message_id)"
             "  SELECT tenant, idempotency_key, fingerprint, id FROM input ORDER BY n"
             "  ON CONFLICT DO NOTHING RETURNING message_id),"
@@ -145,7 +150,8 @@ class Messages:
             "  JOIN won w ON w.message_id = i.id),"
             f" job AS (INSERT INTO {q}.outbox (queue, tenant, message_id, headers, body)"
             f"  SELECT i.queue, i.tenant, '{JOB_PREFIX}' || i.id || p.suffix,"
-            f"   jsonb_build_object('{INGRESS_HEADER}', i.id::text), p.body"
+            f"   jsonb_strip_nulls(jsonb_build_object('{INGRESS_HEADER}', i.id::text,"
+            "    'traceparent', i.traceparent, 'tracestate', i.tracestate)), p.body"
             "  FROM input i JOIN won w ON w.message_id = i.id"
             "  JOIN unnest($6::bigint[], $7::text[], $8::bytea[]) AS p(n, suffix, body)"
             "  ON p.n = i.n)"
@@ -204,6 +210,8 @@ class Messages:
                 [j[0] for j in jobs],
                 [j[1] for j in jobs],
                 [j[2] for j in jobs],
+                [r.traceparent for _, r in wanted],
+                [r.tracestate for _, r in wanted],
             )
             unseen = []
             for (key, r), row in zip(wanted, rows, strict=True):

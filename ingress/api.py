@@ -16,8 +16,10 @@ from typing import Any
 import asyncpg
 import structlog
 from fastapi import FastAPI
+from fastapi.telemetry import TelemetryConfig
 
 from consumers import DatabaseSettings
+from consumers.telemetry.tracing import tracing
 from dedupe import Messages, check_schema
 from ingress import openapi, routes
 from ingress.commit import Committer
@@ -27,6 +29,17 @@ from ingress.refusals import add_exception_handlers
 from ingress.settings import IngressSettings
 
 log = structlog.get_logger(__name__)
+
+
+def server_spans() -> TelemetryConfig:
+    """FastAPI's own OpenTelemetry SERVER span per request (it continues the request's
+    `traceparent` and names the span by the route), through the process's tracer
+    provider when tracing is on (`consumers.telemetry.tracing`); nothing when off.
+    Its metrics and log records stay off: Prometheus and structlog have those."""
+    provider = tracing().tracer_provider()
+    if provider is None:
+        return {"tracing": False, "metrics": False, "logs": False}
+    return {"tracer_provider": provider, "metrics": False, "logs": False, "operation_spans": False}
 
 
 def create_app(settings: IngressSettings, database: DatabaseSettings) -> FastAPI:
@@ -65,6 +78,7 @@ def create_app(settings: IngressSettings, database: DatabaseSettings) -> FastAPI
         version="1",
         description="Push jobs in over HTTP, each once, whatever the client retries.",
         lifespan=lifespan,
+        telemetry=server_spans(),
     )
     app.state.running = running
     add_exception_handlers(app)

@@ -24,6 +24,7 @@ import structlog
 from fastapi import APIRouter, Request, Response
 
 from consumers import push_job_parts
+from consumers.telemetry.tracing import SpanKind, tracing
 from dedupe import Acceptance, MessageStatus, NewMessage, fingerprint, parse_message_id
 from ingress.body import decode_body, read_body, too_large, validated
 from ingress.idempotency import one_key
@@ -63,18 +64,36 @@ async def send(request: Request) -> Response:
     if max(len(part) for part in stored) > limit:
         raise too_large(limit)
     assert running.committer is not None
-    answer = await running.committer.submit(
-        NewMessage(
-            tenant=tenant,
-            idempotency_key=key,
-            # decode_body read it, so it holds only str, int, None, lists and objects
-            fingerprint=fingerprint(body, plain=True),
-            queue=running.settings.queue,
-            targets=len({(t.platform, t.token) for t in job.targets}),  # repeats fold
-            job=stored[0],
-            parts=tuple(stored) if len(stored) > 1 else (),
-        )
+    traces = tracing()
+    creating = traces.span(
+        f"create {running.settings.queue}",
+        SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": "rabbitmq",
+            "messaging.destination.name": running.settings.queue,
+            "messaging.operation.type": "create",
+            "messaging.operation.name": "create",
+        },
     )
+    trace = traces.headers(creating)  # the outbox row keeps it; the relay's publish continues it
+    try:
+        answer = await running.committer.submit(
+            NewMessage(
+                tenant=tenant,
+                idempotency_key=key,
+                # decode_body read it, so it holds only str, int, None, lists and objects
+                fingerprint=fingerprint(body, plain=True),
+                queue=running.settings.queue,
+                targets=len({(t.platform, t.token) for t in job.targets}),  # repeats fold
+                job=stored[0],
+                parts=tuple(stored) if len(stored) > 1 else (),
+                traceparent=trace.get("traceparent"),
+                tracestate=trace.get("tracestate"),
+            )
+        )
+    finally:
+        if creating is not None:
+            creating.end()
     if answer.outcome is Acceptance.KEY_REUSED:
         return json_response(422, {"error": "idempotency_key_reused"})
     replayed = answer.outcome is Acceptance.DUPLICATE_IGNORED

@@ -31,7 +31,7 @@ from tests.apps.effects import FAST_RETRY
 from tests.harness import Harness
 from tests.support import WorkerProcess
 
-pytest_plugins = ["providers.fakes.pytest_plugin"]
+pytest_plugins = ["consumers.testing.pytest_plugin", "providers.fakes.pytest_plugin"]
 
 AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -4,25 +4,32 @@ tokens, and dead letters made by the real worker (`tests.apps.effects`)."""
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import os
+import re
 import select
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import aio_pika
+import httpx
 import uvicorn
 
 from console import ConsoleSettings, Role, Tokens, create_app
 from console.serve import server_config
 from consumers import Settings, dead_letter_queue
+from consumers.broker.topology import declare
+from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER
 from dedupe import DbConnection
 from proving.deadlines import ANSWER_S, within
+from tests.apps.effects import FAST_RETRY
 from tests.support import ROOT, publish_confirmed, wait_for
 
 
@@ -107,7 +114,7 @@ async def make_tokens(db: DbConnection, schema: str) -> SignIns:
 async def publish(
     channel: aio_pika.abc.AbstractChannel,
     queue: str,
-    message_id: str,
+    message_id: str | None,
     body: object,
     headers: dict[str, object] | None = None,
 ) -> None:
@@ -146,3 +153,59 @@ async def effects_of(db: DbConnection, message_id: str) -> int:
     found = await db.fetchval("SELECT count(*) FROM effects WHERE message_id = $1", message_id)
     assert isinstance(found, int)
     return found
+
+
+async def two_dead_letters(
+    channel: aio_pika.abc.AbstractChannel, settings: Settings, queue: str
+) -> None:
+    """`queue` and its DLQ declared; `order-1` and `order-2` put straight into the DLQ."""
+    await declare(channel, queue, FAST_RETRY, settings.amqp)
+    now_ms = int(time.time() * 1000)
+    for n in (1, 2):
+        headers = {"x-reason": "held_back", DEAD_LETTERED_AT_HEADER: now_ms}
+        await publish(channel, dead_letter_queue(queue), f"order-{n}", {"n": n}, headers)
+
+
+async def signed_in(url: str, token: str) -> httpx.AsyncClient:
+    """A client holding the session cookie of one sign-in at `/login`, as a browser would.
+
+    Each call is a sign-in of its own (its own session), even with the same token."""
+    http = httpx.AsyncClient(base_url=url, headers={"Origin": url})
+    answer = await http.post("/login", data={"token": token})
+    assert answer.status_code == 303, answer.text
+    return http
+
+
+_INTENT_FIELD = re.compile(r'name="intent" value="([A-Za-z0-9_-]+)"')
+
+
+def intent_in(page: str) -> str:
+    """The intent key a page's form carries."""
+    found = _INTENT_FIELD.search(page)
+    assert found, page
+    return found[1]
+
+
+_HIDDEN_FIELD = re.compile(r'type="hidden" name="([a-z_]+)" value="([^"]*)"')
+
+
+def form_in(page: str) -> dict[str, str]:
+    """The hidden fields of a page's form, as a browser would send them."""
+    return {name: html.unescape(value) for name, value in _HIDDEN_FIELD.findall(page)}
+
+
+def link_in(page: str, anchor_id: str) -> str:
+    """Where the link `<a id="anchor_id">` of a page goes."""
+    found = re.search(rf'<a id="{anchor_id}" href="([^"]+)"', page)
+    assert found, page
+    return html.unescape(found[1])
+
+
+async def replayed_nothing(
+    db: DbConnection, schema: str, channel: aio_pika.abc.AbstractChannel, queue: str, held_n: int
+) -> None:
+    """Nothing acted: no audit row, the DLQ holds what it held, the work queue is empty."""
+    assert await db.fetchval(f'SELECT count(*) FROM "{schema}".console_actions') == 0
+    assert await held(channel, queue) == held_n
+    work = await channel.declare_queue(queue, passive=True)
+    assert work.declaration_result.message_count == 0

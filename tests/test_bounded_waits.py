@@ -1,4 +1,4 @@
-"""No wait on another party without a deadline in proving/ (see proving.deadlines).
+"""No wait on another party without a deadline in proving/ or the test kits (proving.deadlines).
 
 An AST walk over every module of proving/ and the tests' shared helpers
 (fixtures, the harness, tests/support.py; each test itself is bounded by its
@@ -135,11 +135,23 @@ def unbounded_waits(text: str, where: str) -> Iterator[str]:
 
 
 # The tests' shared plumbing: every test's waits on the services go through these.
-TEST_HELPERS = ("conftest.py", "harness.py", "support.py", "ingress_support.py", "scripted_http.py")
+TEST_HELPERS = (
+    "conftest.py",
+    "harness.py",
+    "support.py",
+    "ingress_support.py",
+    "scripted_http.py",
+    "quickstart.py",
+    "guide_examples.py",
+)
 
 
 def test_no_wait_in_proving_or_the_tests_helpers_is_without_a_deadline() -> None:
-    paths = [*(ROOT / "proving").rglob("*.py"), *(ROOT / "tests" / name for name in TEST_HELPERS)]
+    paths = [
+        *(ROOT / "proving").rglob("*.py"),
+        *(ROOT / "consumers" / "testing").rglob("*.py"),  # the harness users get
+        *(ROOT / "tests" / name for name in TEST_HELPERS),
+    ]
     found = [
         wait
         for path in sorted(paths)

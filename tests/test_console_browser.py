@@ -4,6 +4,8 @@ Dead letters are made by the real worker (`tests.apps.effects`, which
 rejects a message while its marker file exists), the pages are opened, and
 a replay is double-clicked (two clicks in one frame) and submitted from two
 tabs showing the same page: each time one replay, one effect, one audit row.
+A form on another origin of the same host (same-site: its POST carries the
+operator's SameSite=Strict cookie) is refused.
 Screenshots go to `IW_SCREENSHOTS` (a folder; docs/console/ holds a set),
 else to the test's tmp_path.
 """
@@ -11,6 +13,7 @@ else to the test's tmp_path.
 from __future__ import annotations
 
 import asyncio
+import html
 import os
 import time
 import urllib.parse
@@ -27,6 +30,7 @@ from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER
 from dedupe import DbConnection
 from tests.conftest import AMQP_URL, Spawn
 from tests.console_support import console_in_process, effects_of, make_tokens, publish, wait_held
+from tests.rawamqp import RawProperties, publish_raw
 from tests.support import no_message_ready, wait_declared, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
@@ -84,7 +88,8 @@ async def scene(
     tmp_path: Path,
     shots: Path,
 ) -> AsyncIterator[Scene]:
-    """Six dead letters: five by the worker, one forged older than retention; the console."""
+    """Seven dead letters: six by the worker (one without a message_id), one forged older
+    than retention; the console."""
     marker = tmp_path / "held-back"
     marker.write_text("the worker rejects while this exists")
     spawn()
@@ -109,7 +114,8 @@ async def scene(
         ),
         routing_key=dead_letter_queue(queue_name),
     )
-    await wait_held(channel, queue_name, 6)
+    await publish_raw(queue_name, b'{"n": 7}', url=AMQP_URL, properties=RawProperties())
+    await wait_held(channel, queue_name, 7)
     tokens = await make_tokens(db, schema)
     async with console_in_process(settings, queue_name) as url:
         yield Scene(url=url, queue=queue_name, operator=tokens.operator, shots=shots)
@@ -165,8 +171,13 @@ async def test_pages_show_dead_letters_escaped_and_a_double_click_replays_once(
     await page.screenshot(path=scene.shots / "overview.png", full_page=True)
 
     await page.goto(f"{scene.url}/letters?queue={scene.queue}")
-    assert await page.locator("table tr").count() >= 7  # a header and six dead letters
+    assert await page.locator("table tr").count() >= 8  # a header and seven dead letters
     await page.screenshot(path=scene.shots / "letters.png", full_page=True)
+
+    await page.click("text=(none)")  # the dead letter without a message_id opens too
+    await page.wait_for_url("**/message?*digest=*")
+    assert "missing_message_id" in await page.inner_text("main")
+    await page.screenshot(path=scene.shots / "message-no-id.png", full_page=True)
 
     await page.goto(message_url(scene, EVIL_ID, EVIL_TENANT))
     escapes = await page.locator(".esc").all_inner_texts()
@@ -202,6 +213,10 @@ async def test_pages_show_dead_letters_escaped_and_a_double_click_replays_once(
     await page.reload()
     assert "replayed" in await page.inner_text("#outcomes")
     await page.screenshot(path=scene.shots / "replayed.png", full_page=True)
+    await page.click("#back-to-message")
+    await page.wait_for_url("**/message?*message_id=order-1*")
+    await page.click("#back-to-queue")
+    await page.wait_for_url("**/letters?*")
 
     actions, messages = await audit_rows(db, schema)
     assert len(actions) == 1 and "'action': 'replay'" in actions[0]
@@ -246,4 +261,50 @@ async def test_a_replay_submitted_from_two_tabs_replays_once(
     assert outcomes == ["'refused'"] + ["'replayed'"] * 4  # order-old is past retention
     for message_id in ("order-1", "order-2", "order-3", EVIL_ID):
         assert await effects_of(db, message_id) == 1, message_id
+    await context.close()
+
+
+async def test_a_form_on_another_origin_of_the_same_host_is_refused(
+    browser: Browser, scene: Scene, db: DbConnection, schema: str
+) -> None:
+    """SameSite=Strict does not stop it (another port is the same site): the Origin check
+    does, even with the operator's own intent key in the form."""
+    context, page = await signed_in(browser, scene)
+    await page.goto(message_url(scene, "order-1"))
+    await page.click("#dry-run")
+    await page.wait_for_selector("#replay")
+    fields = await page.eval_on_selector_all(
+        "#replay-form input[type=hidden]", "inputs => inputs.map(i => [i.name, i.value])"
+    )
+    hidden = "".join(
+        f'<input type="hidden" name="{html.escape(n)}" value="{html.escape(v)}">' for n, v in fields
+    )
+    forged = (
+        f'<form method="post" action="{scene.url}/replay">{hidden}</form>'
+        "<script>document.forms[0].submit()</script>"
+    )
+    elsewhere = "http://127.0.0.1:9"  # never reached: the browser is given the page below
+    await page.route(
+        f"{elsewhere}/**", lambda route: route.fulfill(body=forged, content_type="text/html")
+    )
+    posts: list[tuple[str | None, str]] = []
+    page.on(
+        "request",
+        lambda r: posts.append((r.headers.get("origin"), r.url)) if r.method == "POST" else None,
+    )
+    async with page.expect_response(f"{scene.url}/replay") as answered:
+        await page.goto(f"{elsewhere}/forged")
+    answer = await answered.value
+    assert answer.status == 403, answer.status  # on main: 303, the replay done
+    assert posts == [(elsewhere, f"{scene.url}/replay")]
+    assert "Nothing was done" in await page.inner_text("main")
+    await page.screenshot(path=scene.shots / "refused.png", full_page=True)
+    actions, _ = await audit_rows(db, schema)
+    assert actions == [] and await effects_of(db, "order-1") == 0
+
+    await page.go_back()  # the console's own page and button: it acts
+    await page.goto(f"{scene.url}/replay?{urllib.parse.urlencode(dict(fields))}")
+    await page.click("#replay")
+    await page.wait_for_url("**/actions/**")
+    await wait_for(lambda: _effects_are(db, "order-1", 1), timeout=60)
     await context.close()

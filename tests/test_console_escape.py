@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
-
-from console.chart import arrivals
 from console.escape import shown_body, visible
 
 
@@ -22,13 +19,3 @@ def test_a_json_body_is_pretty_and_a_broken_one_is_shown_as_it_came() -> None:
     assert '<span class="esc">\\u202e</span>&lt;i&gt;' in pretty
     raw, is_json = shown_body(b'{"a": \xff\n')
     assert not is_json and '<span class="esc">\\xff</span>' in raw and "\n" in raw
-
-
-def test_arrivals_count_every_dated_letter_once() -> None:
-    now = datetime.datetime(2026, 12, 1, 12, tzinfo=datetime.UTC)
-    moments = [now - datetime.timedelta(hours=h) for h in (0, 1, 1, 5, 23)] + [None]
-    chart = arrivals(moments, now)
-    assert chart is not None
-    assert sum(bar.count for bar in chart.bars) == 5 and chart.undated == 1
-    assert max(bar.height for bar in chart.bars) == 60
-    assert arrivals([None], now) is None

@@ -36,9 +36,13 @@ from tests.console_support import (
     console_in_process,
     console_process,
     console_server,
+    form_in,
     held,
+    link_in,
     make_tokens,
     publish,
+    signed_in,
+    two_dead_letters,
     wait_held,
 )
 from tests.support import ROOT
@@ -72,7 +76,7 @@ async def test_a_resubmitted_form_replays_once_and_a_read_only_token_cannot_repl
     tokens = await make_tokens(db, schema)
     async with (
         console_in_process(settings, queue_name) as url,
-        httpx.AsyncClient(base_url=url) as http,
+        httpx.AsyncClient(base_url=url, headers={"Origin": url}) as http,
     ):
         as_reader = {"Authorization": f"Bearer {tokens.read}"}
         as_operator = {"Authorization": f"Bearer {tokens.operator}"}
@@ -116,7 +120,7 @@ async def test_a_page_without_a_live_token_asks_to_sign_in(
     tokens = await make_tokens(db, schema)
     async with (
         console_in_process(settings, queue_name) as url,
-        httpx.AsyncClient(base_url=url) as http,
+        httpx.AsyncClient(base_url=url, headers={"Origin": url}) as http,
     ):
         assert (await http.get("/")).headers["location"] == "/login"
         bad = await http.post("/login", data={"token": "iwc_made_up"})
@@ -150,7 +154,8 @@ async def test_a_form_past_its_limit_is_413_before_its_body_is_read(
     async with console_in_process(settings, queue_name) as url:
         port = int(url.rsplit(":", 1)[1])
         head = (
-            "POST /login HTTP/1.1\r\nHost: t\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+            "POST /login HTTP/1.1\r\nHost: t\r\nOrigin: http://t\r\n"
+            "Content-Type: application/x-www-form-urlencoded\r\n"
         )
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(f"{head}Content-Length: 100000000\r\n\r\ntoken=".encode())
@@ -210,7 +215,7 @@ async def test_a_client_gone_mid_form_ends_its_request_without_an_error_logged(
         port = int(url.rsplit(":", 1)[1])
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(
-            b"POST /login HTTP/1.1\r\nHost: t\r\n"
+            b"POST /login HTTP/1.1\r\nHost: t\r\nOrigin: http://t\r\n"
             b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\n"
             b"token="
         )
@@ -250,7 +255,7 @@ async def test_the_console_command_serves_this_machine_only_with_a_token_the_cli
     assert token.encode() not in bytes(stored["token_hash"])  # only its hash is kept
     with console_process(env, queue_name, tmp_path / "console.log") as url:
         assert url.startswith("http://127.0.0.1:")
-        async with httpx.AsyncClient(base_url=url) as http:
+        async with httpx.AsyncClient(base_url=url, headers={"Origin": url}) as http:
             page = await http.get("/", headers={"Authorization": f"Bearer {token}"})
             assert page.status_code == 200 and queue_name in page.text
             assert page.headers["content-security-policy"].startswith("default-src 'none'")
@@ -267,7 +272,7 @@ async def test_archive_keeps_each_message_before_it_leaves_the_dlq_once_per_inte
     tokens = await make_tokens(db, schema)
     async with (
         console_in_process(settings, queue_name) as url,
-        httpx.AsyncClient(base_url=url) as http,
+        httpx.AsyncClient(base_url=url, headers={"Origin": url}) as http,
     ):
         as_operator = {"Authorization": f"Bearer {tokens.operator}"}
         asked = await http.get(
@@ -325,7 +330,7 @@ async def test_a_send_api_jobs_page_shows_its_key_message_and_outbox_rows(
     tokens = await make_tokens(db, schema)
     async with (
         console_in_process(settings, queue_name) as url,
-        httpx.AsyncClient(base_url=url) as http,
+        httpx.AsyncClient(base_url=url, headers={"Origin": url}) as http,
     ):
         page = await http.get(
             "/message",
@@ -370,3 +375,36 @@ async def test_the_console_accepts_connections_once_it_says_it_is_listening(
         server.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await server
+
+
+async def test_the_action_page_links_back_to_its_queue_and_its_message(
+    db: DbConnection,
+    schema: str,
+    settings: Settings,
+    channel: aio_pika.abc.AbstractChannel,
+    queue_name: str,
+) -> None:
+    await two_dead_letters(channel, settings, queue_name)
+    tokens = await make_tokens(db, schema)
+    async with console_in_process(settings, queue_name) as url:
+        http = await signed_in(url, tokens.operator)
+        try:
+            shown = await http.get(
+                "/message", params={"queue": queue_name, "message_id": "order-1"}
+            )
+            dry = await http.get(link_in(shown.text, "dry-run"))
+            done = await http.post("/replay", data=form_in(dry.text))
+            assert done.status_code == 303, done.text
+            action = await http.get(done.headers["location"])
+            to_queue = link_in(action.text, "back-to-queue")
+            to_message = link_in(action.text, "back-to-message")
+            assert to_queue == f"/letters?queue={queue_name}"
+            listed = await http.get(to_queue)
+            assert listed.status_code == 200 and "order-2" in listed.text
+            again = await http.get(to_message)
+            assert again.status_code == 200
+            assert "order-1" in again.text and "0 copies in the DLQ" in again.text
+            outcomes = action.text[action.text.index('id="outcomes"') :]
+            assert '<a href="/message?' in outcomes  # each message of the action, linked
+        finally:
+            await http.aclose()

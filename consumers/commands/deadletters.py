@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,17 @@ class DeadLetter:
 
     def age(self, now: datetime.datetime) -> datetime.timedelta | None:
         return None if self.dead_lettered_at is None else now - self.dead_lettered_at
+
+    @property
+    def digest(self) -> str:
+        """A name for this dead letter that needs no message_id: 16 hex digits of the
+        SHA-256 of its body, message_id property and headers (less `x-delivery-count`,
+        which each read raises). The same from one read to the next; copies alike share it.
+        """
+        headers = sorted((self.message.headers or {}).items())
+        kept = [(name, value) for name, value in headers if name != "x-delivery-count"]
+        seen = repr((self.message.message_id, kept)).encode("utf-8", "surrogateescape")
+        return hashlib.sha256(seen + b"\0" + self.message.body).hexdigest()[:16]
 
     def is_named(self, wanted: str) -> bool:
         """Whether `wanted` is this letter's message_id, raw or as `dlq list` prints it.

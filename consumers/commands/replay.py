@@ -47,6 +47,7 @@ from consumers.commands.deadletters import (
 from consumers.handlers.retry import dead_letter_queue
 from consumers.message.envelope import ATTEMPT_HEADER, REASON_HEADER, is_text
 from consumers.pipeline.settle import ERROR_HEADER, QUEUE_HEADER
+from consumers.telemetry.tracing import Span, SpanKind, tracing
 from dedupe import ClaimRow, DbConnection, claims, fingerprint
 
 # The framework's own headers, set again if the message fails again; the
@@ -65,6 +66,7 @@ class Selection:
     message_id: str | None = None
     tenant: str | None = None  # "" selects the messages without a tenant
     since: datetime.datetime | None = None  # first dead-lettered at or after
+    digest: str | None = None  # `DeadLetter.digest`: one dead letter, with or without an id
     limit: int = 100
 
     def matches(self, letter: DeadLetter) -> bool:
@@ -73,6 +75,8 @@ class Selection:
         if self.message_id is not None and letter.message_id != self.message_id:
             return False
         if self.tenant is not None and letter.tenant != self.tenant:
+            return False
+        if self.digest is not None and letter.digest != self.digest:
             return False
         if self.since is not None:
             return letter.dead_lettered_at is not None and letter.dead_lettered_at >= self.since
@@ -215,12 +219,17 @@ async def _replay_one(
         )
     if dry_run:
         return Replayed(letter=letter, outcome=Outcome.WOULD_REPLAY)
+    copy = _copy(message)
+    span = _replay_span(queue, letter, copy)
     try:
-        await channel.default_exchange.publish(_copy(message), routing_key=queue, mandatory=True)
+        await channel.default_exchange.publish(copy, routing_key=queue, mandatory=True)
     except aio_pika.exceptions.ChannelInvalidStateError:
         raise  # the channel is gone: nothing after this can be replayed either
     except Exception as exc:  # this message only: report it, go on with the next
         return Replayed(letter=letter, outcome=Outcome.SKIPPED, why=f"publish failed: {exc!r}")
+    finally:
+        if span is not None:
+            span.end()
     await message.ack()  # only after the broker confirmed the replay
     return Replayed(letter=letter, outcome=Outcome.REPLAYED)
 
@@ -254,6 +263,30 @@ def same_body(claim: ClaimRow, body: bytes) -> bool:
         return claim.fingerprint == fingerprint(json.loads(body))
     except ValueError:
         return False
+
+
+def _replay_span(queue: str, letter: DeadLetter, copy: aio_pika.Message) -> Span | None:
+    """With tracing on: a "replay <queue>" PRODUCER span linked to the dead letter's own
+    trace (its publisher's `traceparent`, kept as it came); the replayed copy carries
+    the replay's context, so its processing joins the replay's trace."""
+    traces = tracing()
+    if not traces.on:
+        return None
+    original = letter.message.headers or {}
+    span = traces.span(
+        f"replay {queue}",
+        SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": "rabbitmq",
+            "messaging.destination.name": queue,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "replay",
+            "messaging.message.id": letter.message_id or "",
+        },
+        links=[original],
+    )
+    copy.headers = {**(copy.headers or {}), **traces.headers(span)}
+    return span
 
 
 def _copy(message: aio_pika.abc.AbstractIncomingMessage) -> aio_pika.Message:

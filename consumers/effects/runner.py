@@ -71,12 +71,14 @@ from consumers.pipeline.database_loss import (
     rerun_after_disconnect,
     rollback_quietly,
 )
-from consumers.pipeline.deliveries import Delivery, Item, decode_batch
+from consumers.pipeline.deliveries import Decoded, Delivery, Item, decode_batch
 from consumers.pipeline.holding import Holding
 from consumers.pipeline.settle import Dispatcher
+from consumers.pipeline.traced import open_batch, step
 from consumers.settings import WorkerSettings
 from consumers.telemetry.logs import outcome_lines
 from consumers.telemetry.metrics import ConsumerMetrics
+from consumers.telemetry.tracing import Span, tracing
 from dedupe import (
     Inbox,
     Messages,
@@ -134,6 +136,19 @@ class EffectsRunner:
 
     async def run(self, deliveries: Sequence[Delivery], started: Callable[[], None]) -> None:
         decoded = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
+        traces = tracing()
+        batch = None
+        if traces.on:  # a span per job and one for the batch (consumers.pipeline.traced)
+            batch = open_batch(
+                traces, self.spec.queue, [*(i for i, _ in decoded.decided), *decoded.pending]
+            )
+        try:
+            await self._run(decoded, started, batch)
+        finally:
+            if batch is not None:
+                batch.end()
+
+    async def _run(self, decoded: Decoded, started: Callable[[], None], batch: Span | None) -> None:
         decided = list(decoded.decided)
         jobs: dict[Item, Any] = {}
         for item in decoded.pending:
@@ -142,10 +157,14 @@ class EffectsRunner:
                 jobs[item] = self.kind.parse(item.envelope.body)
             except InvalidJob as exc:
                 decided.append((item, dead(f"invalid_{self.kind.name}_job", error=str(exc))))
+        claiming = step(tracing(), "claim", batch, keys=len(jobs))
         try:
             claimed = await self._rerun(partial(self.claims.claim, jobs), size=len(jobs))
         except DatabaseUnavailable as lost:
             claimed = Claimed(sends=[], verdicts=dict.fromkeys(jobs, lost.verdict), jobs=[])
+        finally:
+            if claiming is not None:
+                claiming.end()
         sending = {p.item for p in claimed.jobs}
         for item in jobs:
             if item in sending:
@@ -164,6 +183,7 @@ class EffectsRunner:
             gate=self._gate,
             lease=claimed.lease,
             steps=self,
+            batch=batch,
         )
         try:
             await fanout.run(claimed.jobs, claimed.sends, settled, started)
@@ -237,12 +257,16 @@ class EffectsRunner:
             return retry("send_not_started", delay=0.0, spend_attempt=False)
         return job_verdict(progress.answers)
 
-    async def record(self, answers: list[Answered]) -> bool:
+    async def record(self, answers: list[Answered], batch: Span | None = None) -> bool:
         """Step 3, re-run after a lost connection; False once the database is unavailable."""
+        recording = step(tracing(), "record", batch, answers=len(answers))
         try:
             await self._rerun(partial(self._record, answers), size=len(answers))
         except DatabaseUnavailable:
             return False
+        finally:
+            if recording is not None:
+                recording.end()
         return True
 
     async def _record(self, answers: list[Answered]) -> None:

@@ -55,9 +55,11 @@ from consumers.effects.answers import (
 from consumers.effects.circuit import Circuits
 from consumers.effects.gate import ProviderGate
 from consumers.effects.lease import Lease
+from consumers.effects.traced import close_send, send_span
 from consumers.handlers.spec import EffectSpec
 from consumers.message.verdict import Verdict, error_text
 from consumers.pipeline.deliveries import Item
+from consumers.telemetry.tracing import Span
 from dedupe import DedupeKey, SendRow, SendStatus
 from providers import (
     JobIds,
@@ -78,8 +80,9 @@ RECORD_WINDOW_SECONDS = 0.05  # how long answers gather before a recording trans
 class FanoutSteps(Protocol):
     """What the runner does for a fanout: the database steps and a job's verdict."""
 
-    async def record(self, answers: list[Answered]) -> bool:
-        """Step 3 for `answers`, in one transaction; False: not recorded (database lost)."""
+    async def record(self, answers: list[Answered], batch: Span | None = None) -> bool:
+        """Step 3 for `answers`, in one transaction; False: not recorded (database lost).
+        `batch`: the batch's span, when traced."""
 
     async def take_chunks(self, items: list[Item], lease: Lease) -> list[SendRow] | None:
         """Lease the next chunk of these jobs at `lease`; every row; None: database lost."""
@@ -130,6 +133,7 @@ class Fanout:
         gate: ProviderGate,
         lease: Lease,
         steps: FanoutSteps,
+        batch: Span | None = None,
     ) -> None:
         self.effects = effects
         self.pool = pool
@@ -138,6 +142,7 @@ class Fanout:
         self.gate = gate
         self.lease = lease
         self.steps = steps
+        self.batch = batch  # its span, when traced
         self._arrived: list[Answered] = []
         self._new_answer = asyncio.Event()
         self._everything = asyncio.Event()
@@ -172,7 +177,7 @@ class Fanout:
                 await self._wait()
                 group, self._arrived = self._arrived, []
                 async with self._writes:  # what held() says stays what the ledger holds
-                    recorded = await self.steps.record(group) if group else True
+                    recorded = await self.steps.record(group, self.batch) if group else True
                     for answer in group:
                         p = progress[answer.send.item]
                         p.held -= 1
@@ -248,12 +253,15 @@ class Fanout:
     async def _send(self, send: Send) -> None:
         cancelled: asyncio.CancelledError | None = None
         target = sender_for(self.provider, send.recipient.channel)
+        span = send_span(send) if send.item.span is not None else None
         try:
             async with self.gate.slot(target):
                 answer = await self._attempt(send, target)
         except asyncio.CancelledError as exc:  # counted below, then re-raised
             cancelled = exc
             answer = answered(send, UnknownOutcomeError("Cancelled"), self.effects.unknown_outcome)
+        if span is not None:
+            close_send(span, answer)
         self._arrived.append(answer)
         self._new_answer.set()
         self._outstanding -= 1

@@ -27,6 +27,7 @@ class Context:
         "_log",
         "_outbox",
         "_staged",
+        "_trace_headers",
         "attempt",
         "body",
         "consumer",
@@ -46,6 +47,7 @@ class Context:
         consumer: str,
         staged: dict[str, list[Sequence[Any]]] | None = None,
         outbox: Outbox | None = None,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> None:
         self.tx = tx
         self.body = body
@@ -55,6 +57,7 @@ class Context:
         self.consumer = consumer
         self._staged = staged
         self._outbox = outbox
+        self._trace_headers = trace_headers  # the message's trace, for what it emits
         self._log: Any = None
 
     @property
@@ -99,10 +102,13 @@ class Context:
         not run, emits nothing again. `message_id` should be derived from this
         message's (`f"{ctx.message_id}:receipt"`), so that the follow-up of a
         message has one id however often its effects are attempted. `tenant`
-        defaults to this message's.
+        defaults to this message's. With tracing on, the follow-up carries this
+        message's trace (`traceparent`), unless `headers` give one.
         """
         if self._outbox is None:
             raise ConfigurationError("emit() needs a Context made by a worker: it has no outbox")
+        if self._trace_headers:
+            headers = {**self._trace_headers, **(headers or {})}
         args = Outbox.row_args(
             queue=queue,
             body=body,

@@ -54,8 +54,10 @@ from consumers.pipeline.deadline import Deadline, HandlerTimeout
 from consumers.pipeline.deliveries import Delivery, Item, Verdicts, decode_batch
 from consumers.pipeline.held import HeldConnection
 from consumers.pipeline.settle import Dispatcher
+from consumers.pipeline.traced import open_batch, step
 from consumers.settings import WorkerSettings
 from consumers.telemetry.metrics import ConsumerMetrics
+from consumers.telemetry.tracing import Span, tracing
 from dedupe import Claim, ClaimOutcome, DbConnection, Inbox, Outbox, replicated
 from dedupe.lost import (
     CONNECTION_ERRORS,
@@ -117,12 +119,18 @@ class BatchRunner:
         nothing waits on `started`.
         """
         decoded = decode_batch(deliveries, self.spec, self.settings.max_body_bytes)
+        traces = tracing()
+        batch = None
+        if traces.on:  # a span per message and one for the batch (consumers.pipeline.traced)
+            batch = open_batch(
+                traces, self.spec.queue, [*(i for i, _ in decoded.decided), *decoded.pending]
+            )
         verdicts: Verdicts = {}
         if decoded.pending:
             began = time.perf_counter()
             try:
                 verdicts = await rerun_after_disconnect(
-                    lambda: self._transact(decoded.pending),
+                    lambda: self._transact(decoded.pending, batch),
                     consumer=self.spec.queue,
                     event="batch_rerun",
                     size=len(decoded.pending),
@@ -133,11 +141,13 @@ class BatchRunner:
             self.metrics.commit_seconds.observe(time.perf_counter() - began)
         self.faults.reached(CrashPoint.AFTER_COMMIT)
         await self.dispatcher.settle(self.spec, [*decoded.decided, *verdicts.items()])
+        if batch is not None:
+            batch.end()
 
-    async def _transact(self, items: list[Item]) -> Verdicts:
+    async def _transact(self, items: list[Item], batch: Span | None) -> Verdicts:
         """One transaction for the batch; returns every item's verdict."""
         try:
-            return await self._attempt(items, careful=False)
+            return await self._attempt(items, careful=False, batch=batch)
         except _HandlerFailed as failed:
             cause = failed.__cause__
             assert isinstance(cause, Exception)
@@ -146,15 +156,21 @@ class BatchRunner:
                 return {**failed.claimed, failed.fresh[0]: self._judge(cause)}
             # A handler past its deadline is not run again: it would only hang again.
             known = {failed.timed_out: self._judge(cause)} if failed.timed_out else {}
-            return await self._attempt(items, careful=True, known=known)
+            return await self._attempt(items, careful=True, known=known, batch=batch)
 
     async def _attempt(
-        self, items: list[Item], *, careful: bool, known: Verdicts | None = None
+        self,
+        items: list[Item],
+        *,
+        careful: bool,
+        known: Verdicts | None = None,
+        batch: Span | None = None,
     ) -> Verdicts:
         # A demoted primary's connection is closed: the re-run gets the new primary's.
         async with self.connection.acquired() as conn, dropped_if_demoted(conn):
             tx = await self.connection.begin(conn)  # BEGIN, or the last COMMIT's chain
             try:
+                claiming = step(tracing(), "claim", batch, keys=len(items))
                 outcomes = await self.inbox.claim(
                     conn,
                     [
@@ -163,6 +179,8 @@ class BatchRunner:
                         if i.envelope is not None
                     ],
                 )
+                if claiming is not None:
+                    claiming.end()
                 verdicts: Verdicts = {}
                 fresh: list[Item] = []
                 for item, outcome in zip(items, outcomes, strict=True):
@@ -182,10 +200,13 @@ class BatchRunner:
             except BaseException:
                 await rollback_quietly(tx)
                 raise
+            committing = step(tracing(), "commit", batch, new=len(fresh))
             async with replicated(conn):  # a cancelled wait for the standby: unknown, re-run
                 # <- effects and claims are durable from here on; with the next batch
                 # waiting, its BEGIN goes in the same round trip (COMMIT AND CHAIN)
                 await self.connection.commit(conn, tx, chain=self.next_batch_waiting())
+            if committing is not None:
+                committing.end()
         return verdicts
 
     async def close(self) -> None:
@@ -212,7 +233,11 @@ class BatchRunner:
                         running = item
                         began = time.perf_counter()
                         deadline.lap(began)
-                        await self.spec.handle(ctx)
+                        if item.span is None:
+                            await self.spec.handle(ctx)
+                        else:  # its log lines carry the message's trace
+                            with tracing().current(item.span):
+                                await self.spec.handle(ctx)
                         timed.observe(time.perf_counter() - began)
         except Exception as exc:  # the handler's, whatever its type
             _check_connection(conn, exc)
@@ -240,7 +265,7 @@ class BatchRunner:
             savepoint = conn.transaction()
             await savepoint.start()
             try:
-                with Deadline(self.deadline):
+                with Deadline(self.deadline), tracing().current(item.span):
                     await self.spec.handle(self._context(conn, item, None))
             except Exception as exc:  # the handler's, whatever its type
                 _check_connection(conn, exc)
@@ -288,6 +313,7 @@ class BatchRunner:
             consumer=self.spec.queue,
             staged=staged,
             outbox=self.outbox,
+            trace_headers=tracing().headers(item.span) if item.span is not None else None,
         )
 
     def _judge(self, exc: Exception) -> Verdict:

@@ -14,17 +14,21 @@ from dedupe import DedupeKey
 
 if TYPE_CHECKING:
     from consumers.handlers.spec import HandlerSpec
+    from consumers.telemetry.tracing import Span
 
 __all__ = ["Decoded", "Delivery", "Item", "Verdicts", "decode_batch"]
 
 
 @dataclass(eq=False, slots=True)
 class Item:
-    """One delivery of a batch. Hashes by identity: a batch's verdicts are keyed by it."""
+    """One delivery of a batch. Hashes by identity: a batch's verdicts are keyed by it.
+
+    `span`: its "process" span while tracing is on (`consumers.pipeline.traced`)."""
 
     delivery: Delivery
     envelope: Envelope | None
     started: float = field(default_factory=time.monotonic)
+    span: Span | None = None
 
 
 # What happens to each item of a batch, keyed by the item itself.

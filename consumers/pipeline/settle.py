@@ -32,8 +32,10 @@ from consumers.message.envelope import (
 )
 from consumers.message.verdict import Outcome, Verdict
 from consumers.pipeline.acks import AckWindow, quietly
+from consumers.pipeline.traced import close_message
 from consumers.telemetry.logs import OutcomeLines, outcome_lines
 from consumers.telemetry.metrics import ConsumerMetrics, Metrics
+from consumers.telemetry.tracing import tracing
 
 if TYPE_CHECKING:
     from consumers.handlers.spec import HandlerSpec
@@ -107,6 +109,8 @@ class Dispatcher:
             where = moved.get(item)
             if isinstance(where, BaseException):
                 unsettled.add(item)
+                if item.span is not None:  # given back to the broker: its next delivery
+                    close_message(tracing(), item, Outcome.RETRY_SCHEDULED, verdict)
                 continue
             key = self._log_outcome(spec, item, verdict, where, now, lines)
             tally[key] = tally.get(key, 0) + 1
@@ -181,6 +185,11 @@ class Dispatcher:
             reason = f"max_attempts_exceeded:{verdict.reason}"
         else:
             reason = verdict.reason if outcome is not Outcome.MESSAGE_ID_REUSED else ""
+        trace_ids: dict[str, str] = {}
+        if item.span is not None:  # the line joins the message's trace
+            traces = tracing()
+            trace_ids = traces.ids(item.span)
+            close_message(traces, item, outcome, verdict)
         if outcome is Outcome.EFFECT_COMMITTED and not self.log_effects:
             return outcome, reason
         fields: dict[str, Any] = {
@@ -196,6 +205,8 @@ class Dispatcher:
             fields["error"] = verdict.error
         if where is not None and where.tier is not None:
             fields["delay_s"] = where.tier
+        if trace_ids:
+            fields.update(trace_ids)
         level = (
             "info"
             if outcome

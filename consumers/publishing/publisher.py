@@ -46,6 +46,7 @@ from pamqp.commands import Basic
 
 from consumers.message.decisions import ConfigurationError, ConsumersError
 from consumers.message.envelope import MAX_MESSAGE_ID_BYTES, TENANT_HEADER
+from consumers.telemetry.tracing import SpanKind, tracing
 
 log = structlog.get_logger(__name__)
 
@@ -160,9 +161,38 @@ class Publisher:
         tenant: str = "",
         headers: Mapping[str, Any] | None = None,
     ) -> None:
-        """Return once the broker confirmed the job; raise a PublisherError otherwise."""
-        message = job_message(body, message_id=message_id, tenant=tenant, headers=headers)
-        await self.publish_message(queue, message)
+        """Return once the broker confirmed the job; raise a PublisherError otherwise.
+
+        With tracing on, a "publish <queue>" PRODUCER span is made, a child of the
+        `traceparent` in `headers` (an outbox row's) or of the current span, and
+        the message carries its context."""
+        traces = tracing()
+        if not traces.on:
+            message = job_message(body, message_id=message_id, tenant=tenant, headers=headers)
+            await self.publish_message(queue, message)
+            return
+        span = traces.span(
+            f"publish {queue}",
+            SpanKind.PRODUCER,
+            parent=headers if headers and "traceparent" in headers else None,
+            attributes={
+                "messaging.system": "rabbitmq",
+                "messaging.destination.name": queue,
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "publish",
+                "messaging.message.id": message_id,
+            },
+        )
+        assert span is not None
+        traced = {**(headers or {}), **traces.headers(span)}
+        try:
+            message = job_message(body, message_id=message_id, tenant=tenant, headers=traced)
+            await self.publish_message(queue, message)
+        except BaseException as exc:
+            traces.fail(span, type(exc).__name__)
+            raise
+        finally:
+            span.end()
 
     async def publish_many(self, jobs: Sequence[Job]) -> list[PublisherError | None]:
         """Publish every job, `window` in flight at once; per job, None or its error."""

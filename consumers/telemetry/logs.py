@@ -30,6 +30,7 @@ import orjson
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
+from consumers.telemetry.tracing import add_trace_ids
 from dedupe.lost import quiet_pool_logs
 
 
@@ -139,6 +140,7 @@ def configure_logging(
     as_json = (not sys.stderr.isatty()) if json is None else json
     shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
+        add_trace_ids,  # a line written inside a span: its trace_id and span_id
         structlog.processors.add_log_level,
         IsoTimestamp(),
         structlog.processors.format_exc_info,
@@ -150,7 +152,7 @@ def configure_logging(
         shared.append(structlog.processors.JSONRenderer(serializer=_dumps))
         out = file or sys.stderr.buffer
         factory = structlog.BytesLoggerFactory(file=out)
-        stamp = shared[2]
+        stamp = shared[3]
         assert isinstance(stamp, IsoTimestamp)
         _json_setup = _JsonSetup(
             processors=tuple(shared), file=out, min_level=min_level, stamp=stamp
