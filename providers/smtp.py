@@ -187,7 +187,7 @@ class SmtpSender:
             await self._step(Stage.DATA, ends, lambda t: _data_command(smtp, t))
             await self._step(Stage.MESSAGE, ends, lambda t: _message(smtp, raw, t))
         except (PermanentProviderError, TransientProviderError) as refused:
-            await self._after_refusal(smtp, refused)
+            await self._after_refusal(smtp, refused, ends)
             raise
         except BaseException:  # unknown outcome, cancelled, a bug: the session is unknown
             smtp.close()
@@ -233,13 +233,17 @@ class SmtpSender:
             return TargetGone(reason, status=code, provider=self.name)
         return PermanentProviderError(reason, status=code, provider=self.name)
 
-    async def _after_refusal(self, smtp: aiosmtplib.SMTP, refused: ProviderError) -> None:
-        """A reply refused the message: keep the session for the next one if RSET works."""
-        if not smtp.is_connected or isinstance(refused, ProviderConfigurationError):
+    async def _after_refusal(
+        self, smtp: aiosmtplib.SMTP, refused: ProviderError, ends: float
+    ) -> None:
+        """A reply refused the message: keep the session for the next one if RSET works
+        within what is left of the send's time (its answer is due by `ends`)."""
+        left = min(_QUIT_SECONDS, ends - time.monotonic())
+        if left <= 0 or not smtp.is_connected or isinstance(refused, ProviderConfigurationError):
             smtp.close()
             return
         try:
-            reply = await smtp.rset(timeout=_QUIT_SECONDS)
+            reply = await smtp.rset(timeout=left)
         except (aiosmtplib.SMTPException, OSError, TimeoutError):
             smtp.close()
             return

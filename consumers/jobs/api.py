@@ -13,6 +13,7 @@ jobs through; `api_job_body(PaymentsApi, {...})` builds one on the publisher sid
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Self
 import asyncpg
 
 from consumers.jobs.kind import DeadTarget, InvalidJob, Recipient
+from consumers.message.decisions import ConfigurationError
 from consumers.settings import Settings
 from dedupe import DbConnection
 from providers.api_call import ApiCall
@@ -28,6 +30,7 @@ if TYPE_CHECKING:  # httpx (the `api` extra) loads with the sender, not with the
     from providers.idempotent_api import IdempotentApi
 
 MAX_ADDRESS_CHARS = 1000
+_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,8 +76,14 @@ class ApiKind:
     `<name>_sent`, its dead letters `invalid_<name>_job`."""
 
     def __init__(self, api: type[IdempotentApi]) -> None:
+        name = getattr(api, "name", None)
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ConfigurationError(
+                f"{api.__name__}.name must be lower-case letters, digits and _ (it names the"
+                f" channel, the log events and the dead letters), not {name!r}"
+            )
         self.api = api
-        self.name = api.name
+        self.name = name
 
     def bound(self, pool: asyncpg.Pool, settings: Settings) -> Self:
         return self
