@@ -144,6 +144,21 @@ async def test_a_timed_out_call_is_replayed_or_looked_up_and_charges_once(
     assert row["provider_message_id"] in fake_payments.charges
 
 
+async def test_an_api_the_apps_own_build_makes_is_the_one_called(harness: Harness) -> None:
+    async with FakePayments(api_key="sk_from_a_vault") as fake:
+
+        async def build() -> PaymentsApi:  # e.g. a secret read when the worker starts
+            auth = {"Authorization": "Bearer sk_from_a_vault"}
+            return PaymentsApi(ApiSettings(base_url=fake.base_url, headers=auth))
+
+        app = App(retry=FAST_RETRY)
+        app.api_handler(harness.queue, api=PaymentsApi, build=build)
+        async with harness.run(app):
+            await harness.publish(charge("cus_1"), message_id="pay-1")
+            await wait_for(lambda: all_settled(harness.db, 1))
+        assert [r.status for r in fake.requests] == [200]
+
+
 # --- real worker processes, SIGKILLed while the provider holds its answer -----
 
 HELD = ["cus_0", "cus_1"]

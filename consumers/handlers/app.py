@@ -11,7 +11,7 @@ The queue name is also the consumer's name, the first part of every dedupe key.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from consumers.handlers.faults import NO_FAULTS, Faults
@@ -226,6 +226,7 @@ class App:
         *,
         api: type[IdempotentApi],
         settings: ApiSettings | None = None,
+        build: Callable[[], Awaitable[IdempotentApi]] | None = None,
         on_dead_target: InvalidTokenHook | None = None,
         unknown_outcome: UnknownOutcome = UnknownOutcome.RESEND,
         lease_seconds: float = 30.0,
@@ -236,14 +237,20 @@ class App:
         `providers.IdempotentApi`; format: `consumers.jobs.api`), one per job.
 
         `api(settings)` is built once inside the worker's loop (httpx: the `api`
-        extra). Each call carries its idempotency key; after a crash the call is
-        replayed within the API's window, or looked up first, as its `recovery`
-        says (`unknown_outcome` only for an API that offers neither). Otherwise as
-        `effect_handler`.
+        extra), or `build()` when given: an instance of `api` made another way
+        (credentials read at start, an httpx transport of its own). Each call
+        carries its idempotency key; after a crash the call is replayed within the
+        API's window, or looked up first, as its `recovery` says (`unknown_outcome`
+        only for an API that offers neither). Otherwise as `effect_handler`.
         """
+        if build is not None and settings is not None:
+            raise ConfigurationError("api_handler: settings or build, not both")
 
         async def sender() -> Sender[Any]:
-            return api(settings)
+            made = api(settings) if build is None else await build()
+            if not isinstance(made, api):
+                raise ConfigurationError(f"build() made {type(made).__name__}, not {api.__name__}")
+            return made
 
         self.effect_handler(
             queue,
