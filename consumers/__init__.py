@@ -8,9 +8,10 @@ a public face of its own, as structlog's `testing` is.
 """
 
 from consumers.effects.circuit import CircuitState, CircuitView
-from consumers.handlers.app import App, load_app
+from consumers.handlers.app import App
 from consumers.handlers.context import Batch, Context
 from consumers.handlers.faults import NO_FAULTS, CrashPoint, Faults, NoFaults
+from consumers.handlers.loading import AppNotLoaded, AppProblem, load_app
 from consumers.handlers.retry import RetryPolicy, dead_letter_queue, tier_queue
 from consumers.handlers.spec import (
     BatchHandler,
@@ -31,6 +32,13 @@ from consumers.jobs.email import (
 )
 from consumers.jobs.kind import DeadTarget, EffectKind, InvalidJob, Recipient
 from consumers.jobs.push import PUSH, InvalidPushJob, PushJob, parse_push_job, push_job_body
+from consumers.jobs.webhook import (
+    InvalidWebhookJob,
+    WebhookJob,
+    WebhookKind,
+    parse_webhook_job,
+    webhook_job_body,
+)
 from consumers.message.decisions import (
     ConfigurationError,
     ConsumersError,
@@ -64,9 +72,12 @@ from consumers.settings import (
     RelaySettings,
     RetentionSettings,
     Settings,
+    TracingSettings,
+    WebhookSettings,
     WorkerSettings,
 )
 from consumers.telemetry.logs import configure_logging
+from consumers.telemetry.tracing import SpanKind, Tracing, tracing
 from dedupe import UnknownOutcome
 
 __all__ = [
@@ -80,6 +91,8 @@ __all__ = [
     "ApiJob",
     "ApiKind",
     "App",
+    "AppNotLoaded",
+    "AppProblem",
     "BadInput",
     "Batch",
     "BatchHandler",
@@ -103,6 +116,7 @@ __all__ = [
     "InvalidJob",
     "InvalidPushJob",
     "InvalidTokenHook",
+    "InvalidWebhookJob",
     "Job",
     "JobPart",
     "MessageHandler",
@@ -122,8 +136,14 @@ __all__ = [
     "Retry",
     "RetryPolicy",
     "Settings",
+    "SpanKind",
+    "Tracing",
+    "TracingSettings",
     "UnknownOutcome",
     "Unroutable",
+    "WebhookJob",
+    "WebhookKind",
+    "WebhookSettings",
     "Worker",
     "WorkerSettings",
     "api_job_body",
@@ -135,8 +155,11 @@ __all__ = [
     "parse_api_job",
     "parse_email_job",
     "parse_push_job",
+    "parse_webhook_job",
     "publish_push_job",
     "push_job_body",
     "push_job_parts",
     "tier_queue",
+    "tracing",
+    "webhook_job_body",
 ]

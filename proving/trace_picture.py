@@ -30,7 +30,7 @@ import asyncpg
 from consumers import App, Settings
 from dedupe import migrate, quote_ident
 from providers import Provider
-from proving.deadlines import ANSWER_S
+from proving.deadlines import ANSWER_S, within
 from proving.otlp import ExportedSpan, OtlpReceiver, start_receiver
 
 QUEUE = "trace-picture.notifications"
@@ -189,7 +189,7 @@ async def picture(out: Path) -> int:
                 probe = await asyncio.create_subprocess_exec(
                     "curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{port}/openapi.json"
                 )
-                return await probe.wait() == 0
+                return await within(ANSWER_S, "curl's probe", probe.wait()) == 0
 
             await _wait("the send API", up)
 
@@ -199,8 +199,10 @@ async def picture(out: Path) -> int:
                 except Exception:
                     return False
                 try:
-                    channel = await connection.channel()
-                    queue = await channel.declare_queue(QUEUE, passive=True)
+                    channel = await within(ANSWER_S, "a channel", connection.channel())
+                    queue = await within(
+                        ANSWER_S, "the queue", channel.declare_queue(QUEUE, passive=True)
+                    )
                     return bool(queue.declaration_result.consumer_count)
                 except aio_pika.exceptions.ChannelNotFoundEntity:
                     return False
@@ -220,7 +222,7 @@ async def picture(out: Path) -> int:
                 "-H", f"traceparent: 00-{trace_id}-{parent}-01",
                 "--data-binary", json.dumps(body), f"http://127.0.0.1:{port}/v1/messages",
             )  # fmt: skip
-            await post.wait()
+            await within(ANSWER_S, "curl's POST", post.wait())
 
             async def sent() -> bool:
                 return any(s.name == "send apns" for s in receiver.traced(trace_id))
@@ -235,7 +237,9 @@ async def picture(out: Path) -> int:
         return 0
     finally:
         _stop(procs)
-        await admin.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
+        await admin.execute(
+            f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE", timeout=ANSWER_S
+        )
         await admin.close()
         receiver.server.shutdown()
 
