@@ -53,7 +53,7 @@ def lease_app(queue: str, apns: FakeApns, fcm: FakeFcm) -> App:
             apns=ApnsProvider(apns.settings(timeout_seconds=TIMEOUT, max_connections=1)),
             fcm=FcmProvider(
                 fcm.settings(
-                    timeout_seconds=TIMEOUT, connect_timeout_seconds=0.5, max_workers=IN_FLIGHT
+                    timeout_seconds=TIMEOUT, connect_timeout_seconds=0.5, max_connections=IN_FLIGHT
                 )
             ),
         )

@@ -6,7 +6,8 @@ async with FakeFcm() as fcm:
     provider = FcmProvider(fcm.settings())
 ```
 
-It runs in the caller's event loop; FcmProvider's threads reach it over loopback.
+It runs in the caller's event loop; FcmProvider reaches it over loopback, on as many
+keep-alive connections as it has POSTs in flight.
 `settings()` points at a service-account file whose RSA key is generated here and
 whose token_uri is the fake's own OAuth route, so google-auth works unchanged.
 """

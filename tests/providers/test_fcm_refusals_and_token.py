@@ -18,7 +18,7 @@ from tests.providers.pushes import fcm_push, send_or_error
 
 
 async def test_one_access_token_is_shared_by_every_thread(fake_fcm: FakeFcm) -> None:
-    provider = FcmProvider(fake_fcm.settings(max_workers=32))
+    provider = FcmProvider(fake_fcm.settings(max_connections=32))
     try:
         answers = await asyncio.gather(
             *(send_or_error(provider, fcm_push(f"d-{n}")) for n in range(400))
@@ -33,7 +33,7 @@ async def test_one_access_token_is_shared_by_every_thread(fake_fcm: FakeFcm) -> 
 async def test_access_token_is_fetched_again_before_it_expires(fake_fcm: FakeFcm) -> None:
     # google-auth refreshes 225 s before expiry: a 227 s token is due after 2 s.
     fake_fcm.token_lifetime = 227
-    provider = FcmProvider(fake_fcm.settings(max_workers=4))
+    provider = FcmProvider(fake_fcm.settings(max_connections=4))
     try:
         assert isinstance(await send_or_error(provider, fcm_push("first")), ProviderReceipt)
         assert isinstance(await send_or_error(provider, fcm_push("second")), ProviderReceipt)
