@@ -161,3 +161,17 @@ async def test_sends_start_no_thread_once_the_token_is_fetched(fake_fcm: FakeFcm
     finally:
         await provider.aclose()
     assert len(fake_fcm.requests) == 101
+
+
+@pytest.mark.parametrize("status", [307, 308])
+async def test_a_redirect_is_not_followed_with_a_second_post(
+    fcm: FcmProvider, fake_fcm: FakeFcm, status: int
+) -> None:
+    # requests follows a 307/308 with the same POST: a second send of one attempt.
+    fake_fcm.script("device-1", status=status)
+
+    with pytest.raises(PermanentProviderError) as raised:
+        await fcm.send(fcm_push("device-1"), ids_for("device-1"))
+
+    assert raised.value.status == status
+    assert len(fake_fcm.requests) == 1
