@@ -82,9 +82,7 @@ class FcmAccessToken:
         except RefreshError as exc:
             raise ProviderConfigurationError("AccessTokenRefused", provider=self._provider) from exc
         except TransportError as exc:
-            raise TransientProviderError(
-                "AccessTokenUnavailable", provider=self._provider
-            ) from exc
+            raise TransientProviderError("AccessTokenUnavailable", provider=self._provider) from exc
 
 
 def _retrieve(task: asyncio.Task[str]) -> None:
