@@ -2,6 +2,9 @@
 
     --profile webhooks      --profile webhooks-ci
     --profile webpush       --profile webpush-ci
+    --profile email         --profile email-ci
+    --profile api           --profile api-ci          (replayed by key after a crash)
+    --profile api-lookup    --profile api-lookup-ci   (asked by key first)
 
 A CI form is what the suite runs (tests/test_chaos_channels.py): a few minutes
 at most on a 2-core machine. Kills are SIGKILLs of a random worker at random
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChannelProfile:
     name: str
-    channel: str  # proving.chaos.channels.app.APPS' key
+    channel: str  # proving.chaos.channels.app.APPS' key (the worker app's name)
     jobs: int  # publishes, a tenth of them duplicates
     workers: int
     load_seconds: float  # publishing and kills are spread over this
@@ -32,9 +35,11 @@ class ChannelProfile:
         return self.sigkills + self.crashes_after_send
 
 
-def _pair(channel: str, *, ci_jobs: int, full_jobs: int) -> tuple[ChannelProfile, ChannelProfile]:
+def _pair(
+    name: str, channel: str, *, ci_jobs: int, full_jobs: int
+) -> tuple[ChannelProfile, ChannelProfile]:
     ci = ChannelProfile(
-        name=f"{channel}-ci",
+        name=f"{name}-ci",
         channel=channel,
         jobs=ci_jobs,
         workers=3,
@@ -43,7 +48,7 @@ def _pair(channel: str, *, ci_jobs: int, full_jobs: int) -> tuple[ChannelProfile
         crashes_after_send=4,
     )
     full = ChannelProfile(
-        name=channel,
+        name=name,
         channel=channel,
         jobs=full_jobs,
         workers=3,
@@ -59,7 +64,10 @@ def _pair(channel: str, *, ci_jobs: int, full_jobs: int) -> tuple[ChannelProfile
 CHANNEL_PROFILES = {
     p.name: p
     for p in (
-        *_pair("webhooks", ci_jobs=1_500, full_jobs=20_000),
-        *_pair("webpush", ci_jobs=1_500, full_jobs=20_000),
+        *_pair("webhooks", "webhooks", ci_jobs=1_500, full_jobs=20_000),
+        *_pair("webpush", "webpush", ci_jobs=1_500, full_jobs=20_000),
+        *_pair("email", "email", ci_jobs=1_000, full_jobs=10_000),
+        *_pair("api", "api", ci_jobs=1_500, full_jobs=20_000),
+        *_pair("api-lookup", "api_lookup", ci_jobs=1_500, full_jobs=20_000),
     )
 }

@@ -31,8 +31,10 @@ import asyncpg
 from consumers import AmqpSettings, App, CrashPoint
 from consumers.broker.topology import declare
 from dedupe import migrate
+from proving.chaos.channels.api import ApiChannel
 from proving.chaos.channels.app import APPS
 from proving.chaos.channels.channel import Channel, ChannelFindings
+from proving.chaos.channels.email import EmailChannel
 from proving.chaos.channels.profile import ChannelProfile
 from proving.chaos.channels.webhooks import WebhookChannel
 from proving.chaos.channels.webpush import WebPushChannel
@@ -77,6 +79,10 @@ def make_channel(profile: ChannelProfile) -> Channel:
         return WebhookChannel(latency_s=profile.latency_s)
     if profile.channel == "webpush":
         return WebPushChannel(latency_s=profile.latency_s)
+    if profile.channel == "email":
+        return EmailChannel()
+    if profile.channel in ("api", "api_lookup"):
+        return ApiChannel(latency_s=profile.latency_s, name=profile.channel.replace("_", "-"))
     raise ValueError(f"no channel {profile.channel!r}")
 
 
