@@ -7,11 +7,14 @@ push queue's handler. The chain holds end to end: one push per order effect.
 Every fourth order emits an `order.shipped` webhook job the same way, sent by
 the webhook queue's handler to the tenant's endpoints (registered by the demo
 with the real endpoint store; the key that keeps their secrets encrypted,
-IW_WEBHOOK_SECRETS_KEY, is made for the run and given to the workers).
+IW_WEBHOOK_SECRETS_KEY, is made for the run and given to the workers), and
+every fifth an e-mail to its customer, sent over SMTP to the demo's SMTP
+server (aiosmtpd) by the e-mail queue's handler.
 
 `demo_effects` has no unique constraint on purpose, so the demo's report
 would show a doubled effect as two rows rather than hide it behind an error.
 The push queue sends to the local fake APNs, FCM and Web Push services the demo starts;
+the e-mail queue to its SMTP server;
 where they listen comes in the worker's environment (DEMO_* variables), read
 when the worker builds its provider, not at import.
 """
@@ -22,22 +25,25 @@ import os
 from typing import Any
 
 from consumers import (
+    EMAIL,
     App,
     Context,
     DeadTarget,
     RetryPolicy,
     WebhookSettings,
+    email_job_body,
     push_job_body,
     webhook_job_body,
 )
 from dedupe import DbConnection
-from providers import Platform, Provider, Target
+from providers import Platform, Provider, Sender, SmtpSettings, SmtpTls, Target
 from proving.deadlines import ANSWER_S
 
 QUEUE = "demo.orders.shipped"
 PUSH_QUEUE = "demo.notifications"
 WEBHOOK_QUEUE = "demo.webhooks"
 WEBHOOK_EVENT = "order.shipped"
+EMAIL_QUEUE = "demo.emails"
 # Retries within seconds, not minutes: a job whose rows the SIGKILLed worker holds
 # comes back as soon as their lease (SEND_LEASE_S) has expired, and is resent then.
 SHORT_RETRY = RetryPolicy(max_attempts=6, base_seconds=0.5, tiers_seconds=(0.5, 1.0, 2.0, 4.0, 8.0))
@@ -73,6 +79,16 @@ async def record_shipment(ctx: Context) -> None:
             ),
             message_id=f"{ctx.message_id}:webhook",
         )
+    if sends_email(order_id):
+        await ctx.emit(
+            EMAIL_QUEUE,
+            email_job_body(
+                to=[customer_address(order_id)],
+                subject=f"Order {order_id} shipped",
+                text=f"Your order {order_id} is on its way with {ctx.body['carrier']}.",
+            ),
+            message_id=f"{ctx.message_id}:email",
+        )
 
 
 def follows_up(order_id: int) -> bool:
@@ -83,6 +99,34 @@ def follows_up(order_id: int) -> bool:
 def sends_webhook(order_id: int) -> bool:
     """Orders whose effect emits an `order.shipped` webhook job."""
     return order_id % 4 == 0
+
+
+def sends_email(order_id: int) -> bool:
+    """Orders whose effect emits an e-mail to the customer."""
+    return order_id % 5 == 0
+
+
+def customer_address(order_id: int) -> str:
+    return f"customer-{order_id}@example.com"
+
+
+def smtp_settings(port: int) -> SmtpSettings:
+    """The demo's SMTP server on this machine, in plain text (allowed to loopback only)."""
+    return SmtpSettings(
+        host="127.0.0.1",
+        port=port,
+        tls=SmtpTls.NONE,
+        default_from="Shop <shop@example.com>",
+        timeout_seconds=PROVIDER_TIMEOUT_S,
+        connect_timeout_seconds=3.0,
+    )
+
+
+async def smtp_sender() -> Sender[Any]:
+    """The SMTP sender, pointed at the demo's server (DEMO_SMTP_PORT)."""
+    from providers.smtp import SmtpSender
+
+    return SmtpSender(smtp_settings(int(os.environ["DEMO_SMTP_PORT"])))
 
 
 def follow_up_body(order_id: int) -> dict[str, Any]:
@@ -131,4 +175,9 @@ app.webhook_handler(
     ),
     lease_seconds=SEND_LEASE_S,
     retry=SHORT_RETRY,
+)
+# `App.email_handler` with its settings made when the worker builds its sender: where
+# the demo's SMTP server listens is known then, from the environment.
+app.effect_handler(
+    EMAIL_QUEUE, kind=EMAIL, provider=smtp_sender, lease_seconds=SEND_LEASE_S, retry=SHORT_RETRY
 )

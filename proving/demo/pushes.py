@@ -29,7 +29,7 @@ from proving.crash_window import Death, Held, Tally, tally
 from proving.deadlines import ANSWER_S
 from proving.demo.app import PUSH_QUEUE
 
-LATENCY_S = 0.02  # every fake answers after this: calls are on the wire at the SIGKILL
+LATENCY_S = 0.05  # every fake answers after this: calls are on the wire at the SIGKILL
 LOCAL = frozenset({"127.0.0.1"})  # the fake push service's host, allowed for the demo
 # Where each channel's requests go, as the report names them.
 SERVICES = {"ios": "apns", "android": "fcm", "web": "fcm", "webpush": "webpush"}

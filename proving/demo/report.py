@@ -7,7 +7,7 @@ line per part, each of which a reader (or a test) can grep:
     demo:      the local effects and the pushes
     outbox:    the follow-ups the order handler emitted
     ingress:   the push jobs sent over HTTP through `serve`
-    push.apns, push.fcm, push.webpush, webhooks:  each channel at its receiver
+    push.apns, push.fcm, push.webpush, webhooks, email:  each channel at its receiver
     webpush:   the Web Push requests the fake verified (VAPID) and decrypted
 """
 
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proving.crash_window import Tally
+from proving.demo.emails import EmailReport
 from proving.demo.ingress import IngressReport
 from proving.demo.local import Job, OutboxReport
 from proving.demo.pushes import PushReport
@@ -39,15 +40,17 @@ class Counted:
     outbox: OutboxReport
     ingress: IngressReport
     webhooks: WebhookReport
+    email: EmailReport
 
     @property
     def channels(self) -> dict[str, Tally]:
-        return {**self.push.tallies, "webhooks": self.webhooks.tally}
+        return {**self.push.tallies, "webhooks": self.webhooks.tally, "email": self.email.tally}
 
     @property
     def ok(self) -> bool:
         local = self.lost == 0 and self.doubled == 0 and self.effects == len(self.unique)
-        sends = self.push.ok and self.webhooks.ok and self.outbox.ok and self.ingress.ok
+        sends = self.push.ok and self.webhooks.ok and self.email.ok
+        sends = sends and self.outbox.ok and self.ingress.ok
         return local and sends and self.unknown == 0  # nothing but the SIGKILL is a fault here
 
 
@@ -88,6 +91,9 @@ def print_report(c: Counted) -> bool:
         ("webhooks verified (standardwebhooks)", hooks.verified),
         ("webhooks rejected by the receiver", hooks.rejected),
         ("webhook secrets in the workers logs", hooks.secrets_in_logs),
+        ("e-mails to send (ledger)", c.email.rows),
+        ("e-mails sent (ledger)", c.email.sent),
+        ("  recipients greylisted once (451)", c.email.greylisted),
         ("sends with an unknown outcome", c.unknown),
         ("follow-ups emitted to the outbox", c.outbox.enqueued),
         ("  published by the relays", c.outbox.published),
@@ -110,7 +116,10 @@ def print_report(c: Counted) -> bool:
             f"{name:<16}{t.intents:>9}{t.delivered:>11}{t.arrived_twice:>7}"
             f"{t.on_the_wire:>25}{t.beyond_window:>8}{t.lost:>6}"
         )
-    print("twice: the same token, Topic or webhook-id taken again; beyond: not on the wire")
+    print(
+        "twice: the same token, endpoint (Topic), webhook-id or Message-ID taken again;"
+        " beyond: not on the wire"
+    )
     print()
     print(
         f"demo: published={len(c.planned)} unique={len(c.unique)} effects={c.effects} "
@@ -126,6 +135,7 @@ def print_report(c: Counted) -> bool:
     for line in push.lines():
         print(line)
     print(hooks.line())
+    print(c.email.line())
     for name, t in c.channels.items():
         if t.sample:
             print(

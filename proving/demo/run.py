@@ -1,11 +1,11 @@
 """The demo run: two worker processes, a SIGKILL mid-call, duplicates and bad input.
 
     plan the order jobs (duplicates, reused ids, malformed) and the push jobs
-    start the fakes: APNs, FCM, a Web Push service, a webhook receiver
+    start the fakes: APNs, FCM, a Web Push service, a webhook receiver, an SMTP server
     register each tenant's webhook endpoints through the real store
     start the workers (each relays the outbox) and `serve`; publish, send over HTTP
     SIGKILL one worker while it has calls on the wire, read what it held; restart it
-    wait until every effect, push and webhook is settled, stop everything
+    wait until every effect, push, webhook and e-mail is settled, stop everything
     count: from the effect table, the dead-letter queue, the ledger and the outbox,
     and at each receiver what arrived, what arrived twice, and what the kill explains
 
@@ -33,7 +33,17 @@ from consumers.broker.topology import declare, delete
 from dedupe import migrate
 from proving.crash_window import Death
 from proving.deadlines import ANSWER_S, within
-from proving.demo.app import PUSH_QUEUE, QUEUE, WEBHOOK_QUEUE, app, follows_up, sends_webhook
+from proving.demo.app import (
+    EMAIL_QUEUE,
+    PUSH_QUEUE,
+    QUEUE,
+    WEBHOOK_QUEUE,
+    app,
+    follows_up,
+    sends_email,
+    sends_webhook,
+)
+from proving.demo.emails import DemoEmail
 from proving.demo.ingress import (
     IngressTally,
     Serve,
@@ -63,7 +73,7 @@ from proving.demo.workers import Workers, kill_now, unknown_outcomes
 
 DEMO_DATABASE = "idempotent_workers_demo"
 DRAIN_S = 180.0  # the whole demo's settling, after which it fails saying what is missing
-SEND_QUEUES = (PUSH_QUEUE, WEBHOOK_QUEUE)
+SEND_QUEUES = (PUSH_QUEUE, WEBHOOK_QUEUE, EMAIL_QUEUE)
 
 
 def _database_url(url: str, name: str) -> str:
@@ -124,12 +134,15 @@ async def run_demo(
     # and one webhook job per such order, sent to each of its tenant's endpoints.
     follow_ups = {f"{j.message_id}:push" for j in originals if follows_up(order_of(j))}
     webhook_jobs = sum(1 for j in originals if sends_webhook(order_of(j)))
+    emailed = [order_of(j) for j in originals if sends_email(order_of(j))]
     expected_dead = sum(1 for j in planned if j.kind in ("reused", "malformed"))
 
     db_url = await _prepare_database(settings)
     await _declare_queues(settings)
     fakes = await DemoFakes().__aenter__()
     webhooks = await DemoWebhooks().__aenter__()
+    email = await DemoEmail().__aenter__()
+    email.script(emailed)
     push_plan = plan_pushes(pushes, rng, fakes.webpush)
     fakes.script(push_plan)
     # Jobs naming a Web Push subscription on 127.0.0.1 go straight to the queue: only
@@ -145,7 +158,7 @@ async def run_demo(
         f" {len(push_plan.dead_tokens) + len(push_plan.dead_subscriptions)} dead), "
         f"{len(follow_ups)} of them follow-ups the order handler emits; "
         f"{len(http_pushes)} of the push jobs go in over HTTP through serve; "
-        f"{webhook_jobs} webhook jobs the order handler emits"
+        f"{webhook_jobs} webhook jobs and {len(emailed)} e-mails the order handler emits"
     )
 
     log_dir = Path(tempfile.mkdtemp(prefix="iw-demo-"))
@@ -160,6 +173,7 @@ async def run_demo(
         "IW_RELAY": "1",  # each worker relays the outbox too: two relays share it
         **fakes.worker_env(),
         **webhooks.worker_env(),
+        **email.worker_env(),
     }
     pool = Workers(env, log_dir)
     procs = [pool.start() for _ in range(workers)]
@@ -205,7 +219,11 @@ async def run_demo(
 
         publishing = asyncio.create_task(publish_all())
         sending = asyncio.create_task(send_over_http())
-        sends = {PUSH_QUEUE: push_plan.targets, WEBHOOK_QUEUE: webhook_jobs * len(ENDPOINTS)}
+        sends = {
+            PUSH_QUEUE: push_plan.targets,
+            WEBHOOK_QUEUE: webhook_jobs * len(ENDPOINTS),
+            EMAIL_QUEUE: len(emailed),
+        }
         deadline = time.monotonic() + DRAIN_S
         last_print = 0.0
         while time.monotonic() < deadline:
@@ -223,15 +241,16 @@ async def run_demo(
                 held = Counter(h.consumer for h in deaths[-1].held)
                 print(
                     f"demo: SIGKILLed worker pid {victim.pid} at {effects} effects, holding"
-                    f" {held[PUSH_QUEUE]} pushes and {held[WEBHOOK_QUEUE]} webhooks `sending`;"
-                    f" restarting it"
+                    f" {held[PUSH_QUEUE]} pushes, {held[WEBHOOK_QUEUE]} webhooks and"
+                    f" {held[EMAIL_QUEUE]} e-mails `sending`; restarting it"
                 )
                 procs[0] = pool.start()
             if time.monotonic() - last_print >= 1.0:
                 print(
                     f"demo: progress {effects}/{len(unique)} effects, "
-                    f"{settled[PUSH_QUEUE]}/{sends[PUSH_QUEUE]} pushes and "
-                    f"{settled[WEBHOOK_QUEUE]}/{sends[WEBHOOK_QUEUE]} webhooks settled "
+                    f"{settled[PUSH_QUEUE]}/{sends[PUSH_QUEUE]} pushes, "
+                    f"{settled[WEBHOOK_QUEUE]}/{sends[WEBHOOK_QUEUE]} webhooks and "
+                    f"{settled[EMAIL_QUEUE]}/{sends[EMAIL_QUEUE]} e-mails settled "
                     f"({time.monotonic() - started:.1f} s)",
                     flush=True,
                 )
@@ -258,11 +277,13 @@ async def run_demo(
         outbox = await outbox_report(db, follow_ups)
         ingress = await ingress_report(db, tally, http_pushes, PUSH_QUEUE)
         hooks = await webhooks.report(db, jobs=webhook_jobs, deaths=deaths, log_dir=log_dir)
+        emails = await email.report(db, jobs=len(emailed), deaths=deaths)
     finally:
         pool.stop_all()
         serve.stop()
         await db.close()
         await pub_connection.close()
+        await email.__aexit__(None, None, None)
         await webhooks.__aexit__(None, None, None)
         await fakes.__aexit__(None, None, None)
 
@@ -283,6 +304,7 @@ async def run_demo(
             outbox=outbox,
             ingress=ingress,
             webhooks=hooks,
+            email=emails,
         )
     )
     return 0 if ok else 1

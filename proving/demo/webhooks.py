@@ -30,7 +30,7 @@ from proving.crash_window import Death, Held, Tally, tally, webhook_id_of, webho
 from proving.deadlines import ANSWER_S
 from proving.demo.app import WEBHOOK_EVENT, WEBHOOK_QUEUE
 
-LATENCY_S = 0.02
+LATENCY_S = 0.05  # calls are on the wire at the SIGKILL
 # Per tenant: (path under /<tenant>, event types the endpoint takes; none: every one).
 ENDPOINTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("orders", (WEBHOOK_EVENT,)),

@@ -2,8 +2,8 @@
 
 The SIGKILL is aimed mid-call: once the order effects are under way, the
 victim is killed as soon as it holds calls `sending` of every send channel not
-yet finished (or at the latest once most sends are settled), so calls are on
-the wire when it dies. What it held then is read at once
+yet finished, HELD_AT_LEAST of them in all (or at the latest once most sends
+are settled), so calls are on the wire when it dies. What it held then is read at once
 (`proving.crash_window.died`): the report counts against it.
 """
 
@@ -18,6 +18,8 @@ from pathlib import Path
 from dedupe import DbConnection
 from proving.crash_window import Death, answers_lost, died
 from proving.deadlines import ANSWER_S
+
+HELD_AT_LEAST = 8
 
 
 class Workers:
@@ -62,19 +64,22 @@ async def kill_now(
     db: DbConnection, pid: int, *, unfinished: Sequence[str], under_way: bool, late: bool
 ) -> bool:
     """Whether to SIGKILL worker `pid` now: it holds calls of every send queue in
-    `unfinished` (`under_way`: the local effects are), or it is `late`."""
+    `unfinished`, HELD_AT_LEAST in all (`under_way`: the local effects are), or it is
+    `late`."""
     if late:
         return True
     if not under_way or not unfinished:
         return False
-    held = await db.fetchval(
-        "SELECT count(DISTINCT consumer) FROM send_ledger"
+    held = await db.fetchrow(
+        "SELECT count(DISTINCT consumer) AS channels, count(*) AS calls FROM send_ledger"
         " WHERE status = 'sending' AND lease_owner LIKE $1 AND consumer = ANY($2::text[])",
         f"%:{pid}:%",
         list(unfinished),
         timeout=ANSWER_S,
     )
-    return bool(held == len(unfinished))
+    return (
+        held is not None and held["channels"] == len(unfinished) and held["calls"] >= HELD_AT_LEAST
+    )
 
 
 def unknown_outcomes(log_dir: Path) -> int:
