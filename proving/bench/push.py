@@ -20,6 +20,8 @@ Worker settings come from the environment (IW_MAX_BATCH, IW_PREFETCH,
 IW_CONCURRENCY); `--sweep` tries a few more. Medians of --runs rounds. The
 last line: `push_bench: sends_per_s=... fanout_sends_per_s=... provider_only=...
 ratio=... fanout_ratio=...` (each shape's rate over the provider's alone).
+
+`--platform web`: Web Push against a bare pywebpush sender (`proving.bench.push_web`).
 """
 
 from __future__ import annotations
@@ -362,7 +364,17 @@ def main(argv: list[str] | None = None) -> None:
         default=DEFAULT_LOG_FILE,
         help="where both sides' JSON log lines go (default: %(default)s)",
     )
+    parser.add_argument(
+        "--platform",
+        choices=["ios", "web"],
+        default="ios",
+        help="web: Web Push against a bare pywebpush sender (proving.bench.push_web)",
+    )
     args = parser.parse_args(argv)
+    if args.platform == "web":
+        from proving.bench.push_web import run_web
+
+        return run_web(args)
     base = Settings.from_env()
     ws = base.worker
     shapes = {"both": (False, True), "single": (False,), "fanout": (True,)}[args.shape]

@@ -30,6 +30,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import aiohttp
+import structlog
 from py_vapid import Vapid
 from pywebpush import webpush_async
 
@@ -103,12 +104,14 @@ async def _serve_until_told(pipe: Connection) -> None:
             fake.requests.clear()
 
 
-async def bare_run(served: Served, sends: int, concurrency: int) -> float:
-    """Sends per second through `pywebpush.webpush_async`, `concurrency` at a time."""
+async def bare_run(served: Served, sends: int, concurrency: int, *, log: bool = False) -> float:
+    """Sends per second through `pywebpush.webpush_async`, `concurrency` at a time;
+    `log`: a structlog line per answer, at info, as a worker writes one per push."""
     vapid = Vapid.from_pem(served.vapid_private_key.encode())
     context = ssl.create_default_context(cafile=served.ca_file)
     connector = aiohttp.TCPConnector(ssl=context, limit=concurrency)
     jobs = iter(range(sends))
+    logger = structlog.get_logger("proving.bench.webpush_baseline")
 
     async def worker(session: aiohttp.ClientSession) -> None:
         for i in jobs:
@@ -129,6 +132,8 @@ async def bare_run(served: Served, sends: int, concurrency: int) -> float:
             )
             assert not isinstance(response, str)
             response.release()
+            if log:
+                logger.info("push_sent", message_id=f"bench-{i}", status=response.status)
 
     async with aiohttp.ClientSession(connector=connector) as session:
         started = time.perf_counter()
