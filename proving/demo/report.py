@@ -93,6 +93,7 @@ def print_report(c: Counted) -> bool:
         ("webhooks sent (ledger)", hooks.sent),
         ("webhooks verified (standardwebhooks)", hooks.verified),
         ("webhooks rejected by the receiver", hooks.rejected),
+        ("  bodies cut short by the SIGKILL", hooks.cut),
         ("webhook secrets in the workers logs", hooks.secrets_in_logs),
         ("e-mails to send (ledger)", c.email.rows),
         ("e-mails sent (ledger)", c.email.sent),

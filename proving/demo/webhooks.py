@@ -5,7 +5,8 @@ Each tenant gets two endpoints, registered through the real endpoint store
 with their secrets encrypted under a key made for the run; the workers get that
 key as IW_WEBHOOK_SECRETS_KEY. Both endpoints are paths of one `WebhookReceiver`
 (real HTTP, in the demo's process), which verifies every delivery with the
-`standardwebhooks` package against the secret the store handed back, and answers
+`standardwebhooks` package against the secret the store handed back (a body cut
+short by the SIGKILL cannot verify: counted apart), and answers
 after a few milliseconds, so calls are on the wire when a worker is SIGKILLed.
 
 The count reads the ledger (one row per order and endpoint) and the receiver:
@@ -46,7 +47,8 @@ class WebhookReport:
     sent: int
     tally: Tally
     verified: int  # deliveries standardwebhooks verified
-    rejected: int  # deliveries no trusted secret verified
+    rejected: int  # whole deliveries no trusted secret verified
+    cut: int  # deliveries whose body was cut short: their sender died writing them
     secrets_in_logs: int
 
     @property
@@ -61,7 +63,8 @@ class WebhookReport:
     def line(self) -> str:
         return (
             f"webhooks: endpoints={self.endpoints} rows={self.rows} sent={self.sent}"
-            f" verified={self.verified} rejected={self.rejected} {self.tally.fields()}"
+            f" verified={self.verified} rejected={self.rejected} cut_by_kill={self.cut}"
+            f" {self.tally.fields()}"
         )
 
 
@@ -121,6 +124,8 @@ class DemoWebhooks:
                 arrivals.setdefault(delivery.webhook_id, []).append(delivery.received_at)
         intents = {webhook_id_of(r["effect_id"]) for r in rows}
         logs = _logs(log_dir)
+        rejected = self.receiver.rejected
+        cut = [d for d in rejected if len(d.body) < int(d.headers.get("content-length", "0"))]
         return WebhookReport(
             endpoints=len(self.secrets),
             rows=len(rows),
@@ -128,6 +133,7 @@ class DemoWebhooks:
             sent=sum(1 for r in rows if r["status"] == "sent"),
             tally=tally(intents, arrivals, deaths, _webhook_key),
             verified=sum(1 for d in self.receiver.deliveries if d.verified),
-            rejected=len(self.receiver.rejected),
+            rejected=len(rejected) - len(cut),
+            cut=len(cut),
             secrets_in_logs=sum(1 for s in self.secrets if s.removeprefix("whsec_") in logs),
         )
