@@ -10,7 +10,7 @@ the SIGKILL explains (`proving.crash_window`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -67,7 +67,14 @@ class DemoEmail:
     def worker_env(self) -> dict[str, str]:
         return {"DEMO_SMTP_PORT": str(self.server.port)}
 
-    async def report(self, db: DbConnection, *, jobs: int, deaths: Sequence[Death]) -> EmailReport:
+    async def report(
+        self,
+        db: DbConnection,
+        *,
+        jobs: int,
+        deaths: Sequence[Death],
+        lost_answers: Mapping[str, int],
+    ) -> EmailReport:
         rows = await db.fetch(
             "SELECT address, effect_id::text AS effect_id, status FROM send_ledger"
             " WHERE consumer = $1",
@@ -88,7 +95,13 @@ class DemoEmail:
             expected=jobs,
             sent=sum(1 for r in rows if r["status"] == "sent"),
             greylisted=self.greylisted,
-            tally=tally(set(message_id.values()), arrivals, deaths, self._key),
+            tally=tally(
+                set(message_id.values()),
+                arrivals,
+                deaths,
+                self._key,
+                lost_answers={self._ids.message_id(e): n for e, n in lost_answers.items()},
+            ),
             wrong=wrong,
         )
 

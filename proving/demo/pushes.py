@@ -13,7 +13,7 @@ import json
 import random
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -188,10 +188,16 @@ async def settled_targets(db: DbConnection, consumer: str) -> int:
 
 
 async def push_report(
-    db: DbConnection, fakes: DemoFakes, plan: PushPlan, deaths: Sequence[Death]
+    db: DbConnection,
+    fakes: DemoFakes,
+    plan: PushPlan,
+    deaths: Sequence[Death],
+    lost_answers: Mapping[str, int],
 ) -> PushReport:
+    """`lost_answers`: effect_id -> sends the workers logged with an unknown outcome."""
     rows = await db.fetch(
-        "SELECT channel, status, provider_message_id, address, sends FROM send_ledger"
+        "SELECT channel, status, provider_message_id, address, sends,"
+        " effect_id::text AS effect_id FROM send_ledger"
         " WHERE consumer = $1",
         PUSH_QUEUE,
         timeout=ANSWER_S,
@@ -206,6 +212,8 @@ async def push_report(
     for token, collapse in requests:
         collapse_ids.setdefault(token, set()).add(collapse)
     arrivals = fakes.arrivals()
+    address_of = {r["effect_id"]: r["address"] for r in rows}
+    lost = {address_of[e]: n for e, n in lost_answers.items() if e in address_of}
     tallies = {}
     for service, found in arrivals.items():
         intents = {  # a dead target's row failed: it is not a push that should arrive
@@ -213,7 +221,7 @@ async def push_report(
             for r in rows
             if SERVICES[r["channel"]] == service and r["status"] == "sent"
         }
-        tallies[service] = tally(intents, found, deaths, _push_key)
+        tallies[service] = tally(intents, found, deaths, _push_key, lost_answers=lost)
     return PushReport(
         expected=plan.targets,
         sent=by_status["sent"],

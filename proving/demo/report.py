@@ -113,16 +113,17 @@ def print_report(c: Counted) -> bool:
     print()
     print(
         f"{'at the receiver':<16}{'intents':>9}{'delivered':>11}{'twice':>7}"
-        f"{'on the wire at the kill':>25}{'beyond':>8}{'lost':>6}"
+        f"{'on the wire at the kill':>25}{'timed out':>11}{'beyond':>8}{'lost':>6}"
     )
     for name, t in c.channels.items():
         print(
             f"{name:<16}{t.intents:>9}{t.delivered:>11}{t.arrived_twice:>7}"
-            f"{t.on_the_wire:>25}{t.beyond_window:>8}{t.lost:>6}"
+            f"{t.on_the_wire:>25}{t.lost_answers:>11}{t.beyond_window:>8}{t.lost:>6}"
         )
     print(
         "twice: the same token, endpoint (Topic), webhook-id or Message-ID taken again;"
-        " beyond: not on the wire"
+        " timed out: calls whose answer a worker gave up on (an unknown outcome, sent again"
+        " with the same id); beyond: twice, neither on the wire nor timed out"
     )
     print()
     print(

@@ -31,7 +31,7 @@ import asyncpg
 from consumers import Publisher, Settings
 from consumers.broker.topology import declare, delete
 from dedupe import migrate
-from proving.crash_window import Death
+from proving.crash_window import Death, answers_lost
 from proving.deadlines import ANSWER_S, within
 from proving.demo.app import (
     EMAIL_QUEUE,
@@ -273,11 +273,14 @@ async def run_demo(
             "SELECT tenant, message_id, count(*) AS c FROM demo_effects GROUP BY 1, 2",
             timeout=ANSWER_S,
         )
-        push = await push_report(db, fakes, push_plan, deaths)
+        lost = answers_lost(log_dir)  # timeouts: each such call may have arrived twice
+        push = await push_report(db, fakes, push_plan, deaths, lost)
         outbox = await outbox_report(db, follow_ups)
         ingress = await ingress_report(db, tally, http_pushes, PUSH_QUEUE)
-        hooks = await webhooks.report(db, jobs=webhook_jobs, deaths=deaths, log_dir=log_dir)
-        emails = await email.report(db, jobs=len(emailed), deaths=deaths)
+        hooks = await webhooks.report(
+            db, jobs=webhook_jobs, deaths=deaths, log_dir=log_dir, lost_answers=lost
+        )
+        emails = await email.report(db, jobs=len(emailed), deaths=deaths, lost_answers=lost)
     finally:
         pool.stop_all()
         serve.stop()

@@ -17,7 +17,7 @@ fails the demo too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -111,7 +111,13 @@ class DemoWebhooks:
         return {"IW_WEBHOOK_SECRETS_KEY": self.key}
 
     async def report(
-        self, db: DbConnection, *, jobs: int, deaths: Sequence[Death], log_dir: Path
+        self,
+        db: DbConnection,
+        *,
+        jobs: int,
+        deaths: Sequence[Death],
+        log_dir: Path,
+        lost_answers: Mapping[str, int],
     ) -> WebhookReport:
         rows = await db.fetch(
             "SELECT effect_id::text AS effect_id, status FROM send_ledger WHERE consumer = $1",
@@ -131,7 +137,13 @@ class DemoWebhooks:
             rows=len(rows),
             expected=jobs * len(ENDPOINTS),
             sent=sum(1 for r in rows if r["status"] == "sent"),
-            tally=tally(intents, arrivals, deaths, _webhook_key),
+            tally=tally(
+                intents,
+                arrivals,
+                deaths,
+                _webhook_key,
+                lost_answers={webhook_id_of(e): n for e, n in lost_answers.items()},
+            ),
             verified=sum(1 for d in self.receiver.deliveries if d.verified),
             rejected=len(rejected) - len(cut),
             cut=len(cut),
