@@ -120,11 +120,9 @@ def print_report(c: Counted) -> bool:
             f"{name:<16}{t.intents:>9}{t.delivered:>11}{t.arrived_twice:>7}"
             f"{t.on_the_wire:>25}{t.lost_answers:>11}{t.beyond_window:>8}{t.lost:>6}"
         )
-    print(
-        "twice: the same token, endpoint (Topic), webhook-id or Message-ID taken again;"
-        " timed out: calls whose answer a worker gave up on (an unknown outcome, sent again"
-        " with the same id); beyond: twice, neither on the wire nor timed out"
-    )
+    print("twice: the same token, endpoint (Topic), webhook-id or Message-ID taken again")
+    print("timed out: calls whose answer a worker gave up on, sent again with the same id")
+    print("beyond: taken twice, neither on the wire at the kill nor timed out (must be 0)")
     print()
     print(
         f"demo: published={len(c.planned)} unique={len(c.unique)} effects={c.effects} "
