@@ -117,4 +117,5 @@ async def _serve_until_told(latency: float, pipe: Connection) -> None:
             ids.clear()
             pipe.send(None)
     server.should_exit = True
-    await serving
+    async with asyncio.timeout(STARTUP_S):
+        await serving
