@@ -26,6 +26,8 @@ enabled endpoints taking the event type, or those `endpoints` names): GET
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from fastapi import APIRouter, Request, Response
 
@@ -40,9 +42,6 @@ from ingress.refusals import Refusal
 from ingress.webhook_models import WebhookRequest
 
 KIND = "webhook"
-# Read at most the worker's limit and this much: the key field, which is not stored.
-KEY_ROOM = 256
-
 router = APIRouter()
 
 
@@ -58,6 +57,22 @@ def not_served(what: str, flag: str, variable: str) -> Refusal:
 
 
 NO_WEBHOOK_QUEUE = not_served("webhook jobs", "--webhook-queue", "IW_INGRESS_WEBHOOK_QUEUE")
+
+
+def webhook_job(body: dict[str, Any]) -> tuple[WebhookRequest, dict[str, Any]]:
+    """`body` as the request it is and the job to store, which a webhook worker takes;
+    400 naming what is wrong (the shape first, then the worker's own rules)."""
+    given = shaped(WebhookRequest, body, unknown_fields(body, WebhookRequest))
+    try:
+        job = webhook_job_body(
+            event_type=body["event_type"],
+            payload=body["payload"],
+            timestamp=body.get("timestamp"),  # None: now, once, stored
+            endpoints=body.get("endpoints"),
+        )
+    except InvalidWebhookJob as exc:
+        raise job_refused(exc) from None
+    return given, job
 
 
 @router.post(
@@ -76,17 +91,8 @@ async def send_webhook(request: Request) -> Response:
     if queue is None:
         raise NO_WEBHOOK_QUEUE
     limit = running.settings.max_body_bytes
-    body = decode_body(wanted.content_type, await read_body(request, limit + KEY_ROOM))
-    given = shaped(WebhookRequest, body, unknown_fields(body, WebhookRequest))
-    try:
-        job = webhook_job_body(
-            event_type=body["event_type"],
-            payload=body["payload"],
-            timestamp=body.get("timestamp"),
-            endpoints=body.get("endpoints"),
-        )
-    except InvalidWebhookJob as exc:
-        raise job_refused(exc) from None
+    body = decode_body(wanted.content_type, await read_body(request, limit))
+    given, job = webhook_job(body)
     key = one_key(given.idempotency_key, wanted.idempotency_key)
     body.pop("idempotency_key", None)
     stored = orjson.dumps(job)
