@@ -114,12 +114,29 @@ async def _one(running: Running, tenant: str, endpoint_id: str) -> WebhookEndpoi
     return found[0]
 
 
+_MADE: dict[int | str, dict[str, Any]] = {
+    201: {
+        "description": "the endpoint, and its signing secret: shown this once",
+        "links": {
+            name: {"operationId": op, "parameters": {"endpoint_id": "$response.body#/id"}}
+            for name, op in (
+                ("Read", "read_webhook_endpoint"),
+                ("Rotate", "rotate_webhook_secret"),
+                ("Disable", "disable_webhook_endpoint"),
+                ("Enable", "enable_webhook_endpoint"),
+                ("Delete", "delete_webhook_endpoint"),
+            )
+        },
+    }
+}
+
+
 @router.post(
     "",
     operation_id="add_webhook_endpoint",
     status_code=201,
     response_model=EndpointMade,
-    responses={**_ANSWERS, **KEY_MISSING},
+    responses={**_MADE, **_ANSWERS, **KEY_MISSING},
     openapi_extra=body_extra("EndpointIn"),
 )
 async def add(request: Request, tenant: Tenant) -> Response:

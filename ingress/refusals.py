@@ -20,6 +20,7 @@ import structlog
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from dedupe import KeyVanished
 from dedupe.lost import CONNECTION_ERRORS
@@ -91,7 +92,20 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 400:
         return refusal_response(invalid(("body", str(exc.detail))))
     error = str(exc.detail).lower().replace(" ", "_")
-    return json_response(exc.status_code, {"error": error}, exc.headers)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(_allowed(request))
+    return json_response(exc.status_code, {"error": error}, headers)
+
+
+def _allowed(request: Request) -> list[str]:
+    """Every method of every route at the request's path: Starlette's 405 names only the
+    first route's, where one path has a route per method (GET and POST of a collection)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if route.matches(request.scope)[0] is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)
 
 
 async def _unavailable(request: Request, exc: Exception) -> Response:

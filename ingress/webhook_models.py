@@ -25,6 +25,12 @@ from ingress.models import IdempotencyKey
 
 _STRICT = ConfigDict(strict=True, extra="forbid")
 MAX_EVENT_TYPES = 100  # of one endpoint
+# What /openapi.json says a URL looks like: an https URL with a host, no user, password
+# or fragment. The rule itself is `url_problem`'s, which also takes http to the hosts
+# of IW_WEBHOOK_ALLOW_HTTP_HOSTS; the model refuses only a NUL before it.
+URL_SHAPE = (
+    r"^https://([^\x00-\x20/?#@\[\]:]+|\[[0-9A-Fa-f:]+\])(:[0-9]{1,4})?([/?][^\x00-\x20#]*)?$"
+)
 
 EventType = Annotated[
     str,
@@ -44,7 +50,7 @@ class WebhookRequest(BaseModel):
     model_config = _STRICT
     event_type: EventType
     payload: Any = Field(description="any JSON: the event's data, sent as `data`")
-    timestamp: str | None = Field(
+    timestamp: Annotated[str, Field(json_schema_extra={"format": "date-time"})] | None = Field(
         default=None,
         description="ISO 8601 date and time of the event; absent: when the send API took it",
     )
@@ -75,6 +81,7 @@ class EndpointIn(BaseModel):
             pattern="^[^\x00]*$",
             description="https (http only to IW_WEBHOOK_ALLOW_HTTP_HOSTS); no user,"
             " password or fragment; redirects are not followed",
+            json_schema_extra={"pattern": URL_SHAPE},
         ),
     ]
     event_types: Annotated[

@@ -290,3 +290,14 @@ def test_serve_with_a_key_that_is_no_fernet_key_refuses_to_start_saying_why(
     assert done.returncode == 78, done.stdout + done.stderr
     assert "is not a Fernet key" in done.stdout + done.stderr
     assert "not-a-key-5f1e" not in done.stdout + done.stderr
+
+
+async def test_a_method_a_path_does_not_take_is_405_naming_every_method_it_does(
+    acme: httpx.AsyncClient,
+) -> None:
+    """One path, a route per method: the Allow header names them all (Starlette's names the
+    first route's only)."""
+    collection = await acme.put("/v1/webhook-endpoints")
+    one = await acme.post("/v1/webhook-endpoints/ep_0123")
+    assert (collection.status_code, collection.headers["allow"]) == (405, "GET, HEAD, POST")
+    assert (one.status_code, one.headers["allow"]) == (405, "DELETE, GET, HEAD")
