@@ -11,6 +11,7 @@ the fields that are wrong.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,7 +21,6 @@ import structlog
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
 from dedupe import KeyVanished
 from dedupe.lost import CONNECTION_ERRORS
@@ -93,19 +93,30 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         return refusal_response(invalid(("body", str(exc.detail))))
     error = str(exc.detail).lower().replace(" ", "_")
     headers = dict(exc.headers or {})
-    if exc.status_code == 405:
-        headers["Allow"] = ", ".join(_allowed(request))
+    if exc.status_code == 405 and (allowed := _allowed(request)):
+        headers["Allow"] = ", ".join(allowed)
     return json_response(exc.status_code, {"error": error}, headers)
 
 
 def _allowed(request: Request) -> list[str]:
-    """Every method of every route at the request's path: Starlette's 405 names only the
-    first route's, where one path has a route per method (GET and POST of a collection)."""
+    """Every method the API document gives the request's path. Where one path has a route
+    per method (GET and POST of a collection), the 405 of Starlette, and of FastAPI's
+    included routers, names the first route's only."""
+    path = request.url.path
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        if route.matches(request.scope)[0] is not Match.NONE:
-            methods |= getattr(route, "methods", None) or set()
+    for template, item in request.app.openapi().get("paths", {}).items():
+        pattern = "".join(
+            "[^/]+" if part.startswith("{") else re.escape(part)
+            for part in re.split(r"(\{[^}]+\})", template)
+        )
+        if re.fullmatch(pattern, path):
+            methods |= {m.upper() for m in item if m in _METHODS}
+    if "GET" in methods:
+        methods.add("HEAD")
     return sorted(methods)
+
+
+_METHODS = frozenset({"get", "put", "post", "delete", "patch", "head", "options", "trace"})
 
 
 async def _unavailable(request: Request, exc: Exception) -> Response:
