@@ -33,8 +33,7 @@ import orjson
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from consumers import InvalidPushJob, PushJob, parse_push_job
-from consumers.jobs.kind import InvalidJob
+from consumers import InvalidJob, InvalidPushJob, PushJob, parse_push_job
 from consumers.jobs.push import MAX_AUDIENCE, apns_payload_problem
 from consumers.runtime.http_limits import BodyTooLarge, ClientGone, read_within
 from ingress.models import (

@@ -43,7 +43,7 @@ __all__ = [
 
 
 def serve_main(argv: Sequence[str], settings: Settings) -> int:
-    ingress = serve_settings(argv)
+    ingress = serve_settings(argv, settings)
     try:
         app = create_app(ingress, settings.database, webhook_settings=settings.webhooks)
     except ConfigurationError as refused:  # IW_WEBHOOK_SECRETS_KEY set, but no Fernet key
@@ -91,8 +91,11 @@ def serve_parser(
     return parser
 
 
-def serve_settings(argv: Sequence[str], prog: str = "idempotent-workers serve") -> IngressSettings:
-    """The flags of `serve`, over the IW_INGRESS_* variables (the flags win)."""
+def serve_settings(
+    argv: Sequence[str], settings: Settings | None = None, prog: str = "idempotent-workers serve"
+) -> IngressSettings:
+    """The flags of `serve`, over the IW_INGRESS_* variables (the flags win); the Web Push
+    hosts the workers allow from `settings` (the CLI's: IW_WEBPUSH_ALLOW_HOSTS)."""
     try:
         base = IngressSettings.from_env(os.environ)
     except ValueError as exc:  # a variable that is no number, or out of range
@@ -104,6 +107,7 @@ def serve_settings(argv: Sequence[str], prog: str = "idempotent-workers serve") 
         port=args.port,
         queue=args.queue,
         webhook_queue=args.webhook_queue or None,
+        webpush_allow_hosts=(settings or Settings()).worker.webpush_allow_hosts,
         max_batch=args.max_batch,
         lanes=args.lanes,
     )

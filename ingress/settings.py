@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from consumers.jobs.push import MAX_JOB_BYTES
-from consumers.settings import allow_hosts
 
 DEFAULT_PUSH_QUEUE = "notifications.push"
 # 100,000 devices of 160-character tokens (FCM's) in JSON are about 20 MiB.
@@ -26,8 +25,8 @@ class IngressSettings:
     queue: str = DEFAULT_PUSH_QUEUE  # the push queue accepted jobs are relayed to
     webhook_queue: str | None = None  # where webhook jobs go; None: POST /v1/webhooks is 501
     # Web Push endpoint hosts a subscription may name although private or loopback:
-    # IW_WEBPUSH_ALLOW_HOSTS, the variable the push workers read, so the door and the
-    # worker refuse the same subscriptions (tests and demos only, never production).
+    # serve takes the workers' (`WorkerSettings.webpush_allow_hosts`, IW_WEBPUSH_ALLOW_HOSTS),
+    # so the door and the worker refuse the same subscriptions (tests and demos only).
     webpush_allow_hosts: frozenset[str] = frozenset()
     max_batch: int = 256  # requests in one commit at most
     lanes: int = 2  # commits in flight at once (each a pooled connection)
@@ -59,7 +58,6 @@ class IngressSettings:
             port=int(env.get("IW_INGRESS_PORT", "8080")),
             queue=env.get("IW_INGRESS_QUEUE", DEFAULT_PUSH_QUEUE),
             webhook_queue=env.get("IW_INGRESS_WEBHOOK_QUEUE") or None,
-            webpush_allow_hosts=allow_hosts(env.get("IW_WEBPUSH_ALLOW_HOSTS", "")),
             max_batch=int(env.get("IW_INGRESS_MAX_BATCH", "256")),
             lanes=int(env.get("IW_INGRESS_LANES", "2")),
             max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", str(MAX_JOB_BYTES))),

@@ -23,6 +23,7 @@ from dedupe import DbConnection, fingerprint
 from ingress.accept import fingerprint_of
 from ingress.body import decode_body
 from ingress.refusals import Refusal
+from ingress.serve import serve_settings
 from ingress.settings import IngressSettings
 from ingress.webhooks import webhook_job
 from providers.fakes.webhooks import WebhookReceiver
@@ -350,3 +351,20 @@ async def test_a_webhook_posted_with_curl_reaches_its_endpoint_once_and_a_replay
         "provider_message_id": webhook_id,
         "failure_reason": None,
     }
+
+
+def test_the_webhook_queue_and_web_push_hosts_come_from_the_environment_and_the_flag_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The webhook queue from IW_INGRESS_WEBHOOK_QUEUE or --webhook-queue; the Web Push
+    hosts from the settings the CLI read, as the workers take them (IW_WEBPUSH_ALLOW_HOSTS)."""
+    monkeypatch.setenv("IW_INGRESS_WEBHOOK_QUEUE", "hooks.from-env")
+    cli_settings = Settings.from_env({"IW_WEBPUSH_ALLOW_HOSTS": "127.0.0.1, Push.Local"})
+    from_env = serve_settings([], cli_settings)
+    flagged = serve_settings(["--webhook-queue", "hooks.from-flag"])
+    assert from_env.webhook_queue == "hooks.from-env"
+    assert from_env.webpush_allow_hosts == frozenset({"127.0.0.1", "push.local"})
+    assert flagged.webhook_queue == "hooks.from-flag"
+    assert flagged.webpush_allow_hosts == frozenset()
+    monkeypatch.delenv("IW_INGRESS_WEBHOOK_QUEUE")
+    assert serve_settings([]).webhook_queue is None  # POST /v1/webhooks: 501
