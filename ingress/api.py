@@ -2,6 +2,7 @@
 
 ingress.routes      push jobs in, any message read or cancelled; POST /v1/messages top to bottom
 ingress.webhooks    webhook jobs in (POST /v1/webhooks), the same contract
+ingress.emails      e-mail jobs in (POST /v1/emails), the same contract
 ingress.endpoints   the tenant's webhook endpoints and their signing secrets
 ingress.accept      the steps every job route ends with: fingerprint, commit, answer
 ingress.reading     what a request brings: headers, tenant, body, key
@@ -24,7 +25,7 @@ from fastapi.telemetry import TelemetryConfig
 from consumers import DatabaseSettings, WebhookSettings, tracing
 from consumers.jobs.webhook_endpoints import secret_box
 from dedupe import Messages, WebhookEndpoints, check_schema
-from ingress import endpoints, openapi, routes, webhooks
+from ingress import emails, endpoints, openapi, routes, webhooks
 from ingress.commit import Committer
 from ingress.keys import ApiKeys
 from ingress.reading import Running
@@ -86,6 +87,7 @@ def create_app(
             "ingress_started",
             queue=settings.queue,
             webhook_queue=settings.webhook_queue,
+            email_queue=settings.email_queue,
             schema=database.schema,
             webhook_secrets_key=running.box is not None,
         )
@@ -98,7 +100,8 @@ def create_app(
     app = FastAPI(
         title="idempotent-workers send API",
         version="1",
-        description="Push and webhook jobs in over HTTP, each once, whatever the client retries.",
+        description="Push, webhook and e-mail jobs in over HTTP, each once, whatever the client"
+        " retries.",
         lifespan=lifespan,
         telemetry=server_spans(),
     )
@@ -106,6 +109,7 @@ def create_app(
     add_exception_handlers(app)
     app.include_router(routes.router)
     app.include_router(webhooks.router)
+    app.include_router(emails.router)
     app.include_router(endpoints.router)
 
     def document() -> dict[str, Any]:

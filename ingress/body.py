@@ -145,9 +145,10 @@ def _open_ended(body: dict[str, Any]) -> Iterator[tuple[str, str]]:
 def unknown_fields(
     value: dict[str, Any], model: type[BaseModel], prefix: str = ""
 ) -> Iterator[tuple[str, str]]:
-    """A problem for each field of `value` that `model` does not have."""
+    """A problem for each field of `value` that `model` does not have (by its JSON name)."""
+    known = {field.alias or name for name, field in model.model_fields.items()}
     for key in value:
-        if key not in model.model_fields:
+        if key not in known:
             yield f"{prefix}{key}", EXTRA
 
 

@@ -1,6 +1,6 @@
 """What /openapi.json says of the send API beyond what FastAPI sees in the routes.
 
-POST /v1/messages and POST /v1/webhooks read their body and their
+POST /v1/messages, /v1/webhooks and /v1/emails read their body and their
 `Idempotency-Key` header by hand (`ingress.reading`), so FastAPI cannot see
 them: `job_extra(schema)` declares both, `SEND_RESPONSES` every answer, and
 `document(app)` adds the schemas (`BODIES`) the extras refer to. The endpoint
@@ -15,12 +15,19 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from ingress.email_models import EmailRequest
 from ingress.models import MAX_KEY_BYTES, ErrorBody, InvalidRequest, SendRequest
 from ingress.webhook_models import EndpointIn, NotServed, RotateIn, WebhookRequest
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 # The bodies read by hand, by their names in components/schemas.
-BODIES: tuple[type[BaseModel], ...] = (SendRequest, WebhookRequest, EndpointIn, RotateIn)
+BODIES: tuple[type[BaseModel], ...] = (
+    SendRequest,
+    WebhookRequest,
+    EmailRequest,
+    EndpointIn,
+    RotateIn,
+)
 
 
 def body_extra(schema: str, *, required: bool = True) -> dict[str, Any]:

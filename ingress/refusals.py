@@ -65,6 +65,12 @@ NOT_FOUND = Refusal(404, {"error": "not_found"})
 CLIENT_GONE = Refusal(499, {"error": "client_closed_request"})
 
 
+def not_served(what: str, flag: str, variable: str) -> Refusal:
+    """501 kind_not_served: this serve has no queue for a kind of job."""
+    message = f"this server takes no {what}: start serve with {flag} (or {variable})"
+    return Refusal(501, {"error": "kind_not_served", "message": message})
+
+
 def field_name(loc: Sequence[Any]) -> str:
     """`targets.0.token` from pydantic's ("body", "targets", 0, "token")."""
     if len(loc) < 2 or not isinstance(loc[1], str):

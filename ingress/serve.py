@@ -59,8 +59,8 @@ def serve_parser(
     base = base or IngressSettings()
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Serve the HTTP send API (POST /v1/messages, POST /v1/webhooks, with"
-        " an API key) until SIGTERM: each accepted job is stored and relayed to its"
+        description="Serve the HTTP send API (POST /v1/messages, /v1/webhooks, /v1/emails,"
+        " with an API key) until SIGTERM: each accepted job is stored and relayed to its"
         " kind's queue. Flags win over the IW_INGRESS_* variables.",
     )
     parser.add_argument("--host", default=base.host, help="default %(default)s")
@@ -74,6 +74,12 @@ def serve_parser(
         "--webhook-queue",
         default=base.webhook_queue,
         help="the webhook queue webhook jobs go to (default %(default)s: POST /v1/webhooks"
+        " answers 501)",
+    )
+    parser.add_argument(
+        "--email-queue",
+        default=base.email_queue,
+        help="the e-mail queue e-mail jobs go to (default %(default)s: POST /v1/emails"
         " answers 501)",
     )
     parser.add_argument(
@@ -107,6 +113,7 @@ def serve_settings(
         port=args.port,
         queue=args.queue,
         webhook_queue=args.webhook_queue or None,
+        email_queue=args.email_queue or None,
         webpush_allow_hosts=(settings or Settings()).worker.webpush_allow_hosts,
         max_batch=args.max_batch,
         lanes=args.lanes,
@@ -150,6 +157,7 @@ async def serve(ingress: IngressSettings, app: FastAPI) -> int:
             port=port,
             queue=ingress.queue,
             webhook_queue=ingress.webhook_queue,
+            email_queue=ingress.email_queue,
         )
         await server.serve(sockets=[sock])
     return 0

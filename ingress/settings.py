@@ -24,6 +24,7 @@ class IngressSettings:
     port: int = 8080
     queue: str = DEFAULT_PUSH_QUEUE  # the push queue accepted jobs are relayed to
     webhook_queue: str | None = None  # where webhook jobs go; None: POST /v1/webhooks is 501
+    email_queue: str | None = None  # where e-mail jobs go; None: POST /v1/emails is 501
     # Web Push endpoint hosts a subscription may name although private or loopback:
     # serve takes the workers' (`WorkerSettings.webpush_allow_hosts`, IW_WEBPUSH_ALLOW_HOSTS),
     # so the door and the worker refuse the same subscriptions (tests and demos only).
@@ -58,6 +59,7 @@ class IngressSettings:
             port=int(env.get("IW_INGRESS_PORT", "8080")),
             queue=env.get("IW_INGRESS_QUEUE", DEFAULT_PUSH_QUEUE),
             webhook_queue=env.get("IW_INGRESS_WEBHOOK_QUEUE") or None,
+            email_queue=env.get("IW_INGRESS_EMAIL_QUEUE") or None,
             max_batch=int(env.get("IW_INGRESS_MAX_BATCH", "256")),
             lanes=int(env.get("IW_INGRESS_LANES", "2")),
             max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", str(MAX_JOB_BYTES))),

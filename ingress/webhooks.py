@@ -38,22 +38,11 @@ from ingress.idempotency import one_key
 from ingress.models import Queued
 from ingress.openapi import NOT_SERVED, SEND_RESPONSES, job_extra
 from ingress.reading import SendHeaders, running_of, tenant_for
-from ingress.refusals import Refusal
+from ingress.refusals import not_served
 from ingress.webhook_models import WebhookRequest
 
 KIND = "webhook"
 router = APIRouter()
-
-
-def not_served(what: str, flag: str, variable: str) -> Refusal:
-    """501: this serve has no queue for a kind of job."""
-    return Refusal(
-        501,
-        {
-            "error": "kind_not_served",
-            "message": f"this server takes no {what}: start serve with {flag} (or {variable})",
-        },
-    )
 
 
 NO_WEBHOOK_QUEUE = not_served("webhook jobs", "--webhook-queue", "IW_INGRESS_WEBHOOK_QUEUE")

@@ -23,7 +23,9 @@ INPUTS = 600
 async def test_raw_requests_get_no_5xx_while_the_database_is_up(
     db: DbConnection, settings: Settings, schema: str, route: str
 ) -> None:
-    ingress = IngressSettings(queue="t.fuzz", webhook_queue="t.fuzz.webhooks")
+    ingress = IngressSettings(
+        queue="t.fuzz", webhook_queue="t.fuzz.webhooks", email_queue="t.fuzz.emails"
+    )
     webhooks = WebhookSettings(secrets_keys=(KEY,))
     async with serve_in_process(db, settings.database, ingress, webhook_settings=webhooks) as s:
         ids = await made_endpoints(db, schema, "acme", KEY)

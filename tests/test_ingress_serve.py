@@ -82,13 +82,14 @@ async def started(env: dict[str, str], log_path: Path, *command: str) -> AsyncIt
 
 @pytest.fixture
 def env(schema: str) -> dict[str, str]:
-    """serve with every route on: a webhook queue and the key of the endpoints' secrets."""
+    """serve with every route on: webhook and e-mail queues, the endpoints' secrets' key."""
     return {
         **os.environ,
         "DATABASE_URL": DATABASE_URL,
         "DATABASE_SCHEMA": schema,
         "PYTHONPATH": str(ROOT),
         "IW_INGRESS_WEBHOOK_QUEUE": "t.hooks",
+        "IW_INGRESS_EMAIL_QUEUE": "t.emails",
         "IW_WEBHOOK_SECRETS_KEY": KEY,
     }
 
@@ -141,6 +142,7 @@ async def test_client_against_the_real_serve(serving: Serving, db: DbConnection)
 SCHEMATHESIS_RUNS = {
     "push": "^/v1/messages",
     "webhooks": "^/v1/webhook",
+    "emails": "^/v1/(emails$|messages/)",  # with GET and cancel, which its answer links to
 }
 
 

@@ -4,12 +4,12 @@
     python -m proving.fuzz.http --inputs 10000 --route webhooks  one of them
 
 Starts `serve` on a free loopback port over a fresh schema of the configured
-PostgreSQL (DATABASE_URL), which it drops after, with every route on: a webhook
-queue and a key for the endpoints' secrets, and endpoints made beforehand (the
+PostgreSQL (DATABASE_URL), which it drops after, with every route on: webhook and
+e-mail queues and a key for the endpoints' secrets, and endpoints made beforehand (the
 tenant's and another tenant's) for the endpoint routes to act on. Requests are
 bytes written to raw sockets (keep-alive, a few connections at once), drawn by
 hypothesis (`proving.fuzz.http_inputs`: push jobs with tokens and Web Push
-subscriptions, webhook jobs, endpoint bodies and ids, each nearly right or
+subscriptions, webhook and e-mail jobs, endpoint bodies and ids, each nearly right or
 wrong in every way). With the database up, every answer must be below 500: one
 line per route says how many of each status came, and exit 0 means no 5xx.
 """
@@ -215,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "DATABASE_URL": database_url,
         "DATABASE_SCHEMA": schema,
         "IW_INGRESS_WEBHOOK_QUEUE": "fuzz.webhooks",
+        "IW_INGRESS_EMAIL_QUEUE": "fuzz.emails",
         "IW_WEBHOOK_SECRETS_KEY": secrets_key,
     }
     with log.open("wb") as out:

@@ -2,6 +2,7 @@
 
     messages    POST /v1/messages: push jobs, device tokens and Web Push subscriptions
     webhooks    POST /v1/webhooks: webhook jobs
+    emails      POST /v1/emails: e-mail jobs
     endpoints   the webhook endpoint routes: POST, GET and DELETE of the collection and
                 of ids (the tenant's own, another tenant's, and none), rotate, disable,
                 enable; bodies of URLs and event types
@@ -23,7 +24,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 KEYS = ["k-1", "k-2", "clé-1042-ü", "é" * 64, 'say "hi"', "a\\b"]
-ROUTES = ("messages", "webhooks", "endpoints")
+ROUTES = ("messages", "webhooks", "emails", "endpoints")
 # A browser's subscription keys: a P-256 point (65 bytes) and a 16-byte secret.
 P256DH = "BNcRdreALRFXTkOOUHK1EtK2wtaz5Ry4YfYCA_0QTpQtUbVlUls0VJXg7A8u-Ts1XbjhazAkj7I99e8QcYP7DkM"
 AUTH = "tBHItJI5svbpez7KI4CCXg"
@@ -135,6 +136,41 @@ def webhook_jobs(odd: bool) -> st.SearchStrategy[dict[str, object]]:
     )
 
 
+def email_jobs(odd: bool) -> st.SearchStrategy[dict[str, object]]:
+    """E-mail jobs: valid in every field, or (`odd`) with any field possibly not."""
+    address = st.sampled_from(["ada@example.com", "bob@Example.COM"])
+    bad_address = st.sampled_from(["x", "é@a.b", "a@b\r\nBcc: e@x.io", "", "<a@b.c>"])
+    mailbox = st.sampled_from(["Shop <shop@example.com>", "s@example.com"])
+    return st.fixed_dictionaries(
+        {
+            "to": _field(
+                odd,
+                st.lists(address, min_size=1, max_size=3),
+                st.lists(st.one_of(address, bad_address, _odd_text), max_size=3),
+                _json,
+            ),
+            "subject": _field(odd, st.just("Shipped"), _odd_text, st.just("a\r\nb"), _json),
+            "text": _field(odd, st.just("On its way"), _odd_text, _json),
+        },
+        optional={
+            "html": _field(odd, st.just("<p>On its way</p>"), _json),
+            "from": _field(odd, mailbox, bad_address, _json),
+            "reply_to": _field(odd, mailbox, bad_address, _json),
+            "headers": _field(
+                odd,
+                st.dictionaries(st.sampled_from(["X-Order", "X-Tag"]), st.just("1042")),
+                st.dictionaries(
+                    st.sampled_from(["Subject", "Bad Name", "", "X-A"]),
+                    st.one_of(_odd_text, st.just("a\nb"), st.integers()),
+                ),
+                _json,
+            ),
+            "idempotency_key": st.one_of(st.sampled_from(KEYS), _odd_text),
+            **({"extra": st.integers(), "sender": mailbox} if odd else {}),
+        },
+    )
+
+
 def endpoint_bodies(odd: bool) -> st.SearchStrategy[dict[str, object]]:
     """What the endpoint routes take: a URL and event types, or an overlap for a rotation."""
     return st.fixed_dictionaries(
@@ -210,6 +246,9 @@ def raw_requests(
     elif route == "webhooks":
         method, path = b"POST", b"/v1/webhooks"
         job = draw(st.one_of(webhook_jobs(odd=False), webhook_jobs(odd=True)))
+    elif route == "emails":
+        method, path = b"POST", b"/v1/emails"
+        job = draw(st.one_of(email_jobs(odd=False), email_jobs(odd=True)))
     else:
         method, path = draw(_endpoint_paths(ids))
         job = draw(st.one_of(endpoint_bodies(odd=False), endpoint_bodies(odd=True)))
