@@ -22,6 +22,7 @@ from consumers import InvalidWebhookJob, Settings, WebhookSettings, parse_webhoo
 from dedupe import DbConnection, fingerprint
 from ingress.accept import fingerprint_of
 from ingress.body import decode_body
+from ingress.client import JobKind, Refused, SendClient
 from ingress.refusals import Refusal
 from ingress.serve import serve_settings
 from ingress.settings import IngressSettings
@@ -368,3 +369,14 @@ def test_the_webhook_queue_and_web_push_hosts_come_from_the_environment_and_the_
     assert flagged.webpush_allow_hosts == frozenset()
     monkeypatch.delenv("IW_INGRESS_WEBHOOK_QUEUE")
     assert serve_settings([]).webhook_queue is None  # POST /v1/webhooks: 501
+
+
+async def test_the_client_sends_a_webhook_with_one_key_per_intent(served: Served) -> None:
+    async with SendClient(served.url, api_key=served.key) as client:
+        first = await client.send(EVENT, idempotency_key="c-1", kind=JobKind.WEBHOOK)
+        again = await client.send(EVENT, idempotency_key="c-1", kind=JobKind.WEBHOOK)
+        with pytest.raises(Refused) as as_push:
+            await client.send(PUSH, idempotency_key="c-1")
+    assert (first.status, again.status, again.id) == ("queued", "duplicate_ignored", first.id)
+    assert again.replayed
+    assert (as_push.value.status, as_push.value.error) == (422, "idempotency_key_reused")
