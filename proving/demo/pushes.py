@@ -139,12 +139,6 @@ def plan_pushes(total: int, rng: random.Random, webpush: FakeWebPush) -> PushPla
     )
 
 
-def has_subscription(body: bytes) -> bool:
-    """A job naming a Web Push subscription (an endpoint on 127.0.0.1, which only the
-    workers are told to allow)."""
-    return any("endpoint" in t for t in json.loads(body)["targets"])
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PushReport:
     expected: int

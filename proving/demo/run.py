@@ -62,7 +62,6 @@ from proving.demo.local import (
 )
 from proving.demo.pushes import (
     DemoFakes,
-    has_subscription,
     plan_pushes,
     push_report,
     settled_targets,
@@ -145,11 +144,9 @@ async def run_demo(
     email.script(emailed)
     push_plan = plan_pushes(pushes, rng, fakes.webpush)
     fakes.script(push_plan)
-    # Jobs naming a Web Push subscription on 127.0.0.1 go straight to the queue: only
-    # the workers are told to allow that host, not the send API's door.
-    by_http = [j for j in push_plan.jobs if not has_subscription(j[1])]
-    direct_pushes, http_pushes = split_jobs(by_http, rng)
-    direct_pushes += [j for j in push_plan.jobs if has_subscription(j[1])]
+    # The send API's door allows the push service's host as the workers do
+    # (IW_WEBPUSH_ALLOW_HOSTS, which `serve` reads too).
+    direct_pushes, http_pushes = split_jobs(push_plan.jobs, rng)
     push_plan = replace(push_plan, targets=push_plan.targets + len(follow_ups))
     print(
         f"demo: {len(planned)} jobs planned: {len(unique)} distinct orders, "
