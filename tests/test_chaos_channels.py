@@ -76,6 +76,7 @@ def test_channel_profile_delivers_every_intent_and_twice_only_what_a_kill_had_on
     if channel == "webpush":
         assert figures["verified"] >= figures["intents"]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    print(re.findall(rf"^chaos\.{re.escape(channel)}: .*$", run.stdout, re.MULTILINE)[-1])
 
 
 def _findings(duplicates: int, *, exactly_once: bool, zero: int = 0) -> ChannelFindings:
