@@ -22,6 +22,8 @@ def test_the_worker_and_the_bare_pywebpush_sender_each_send_every_push_once(
     assert run.returncode == 0, out + run.stderr
     assert re.search(r"round 1: bare pywebpush [\d,]+ sends/s", out), out
     assert re.search(r"round 1: worker [\d,]+ sends/s", out), out
-    assert re.search(r"push_bench_web: worker=\d+ bare=\d+ ratio=[\d.]+ in_flight=\d+", out), out
+    assert re.search(
+        r"push_bench_web: worker=\d+ bare=\d+ ratio=[\d.]+ paired=[\d.]+ in_flight=\d+", out
+    ), out
     sent = [line for line in log.read_text().splitlines() if '"push_sent"' in line]
     assert len(sent) == 2 * 40, len(sent)

@@ -25,6 +25,8 @@ def test_the_worker_and_the_bare_client_each_send_every_webhook_once(
     assert run.returncode == 0, out + run.stderr
     assert re.search(r"round 1: bare [\d,]+ sends/s", out), out
     assert re.search(r"round 1: worker [\d,]+ sends/s", out), out
-    assert re.search(rf"webhook_bench: worker=\d+ bare=\d+ ratio=[\d.]+ endpoints={endpoints}", out)
+    assert re.search(
+        rf"webhook_bench: worker=\d+ bare=\d+ ratio=[\d.]+ paired=[\d.]+ endpoints={endpoints}", out
+    )
     sent = [line for line in log.read_text().splitlines() if '"webhook_sent"' in line]
     assert len(sent) == 2 * 60, len(sent)

@@ -15,7 +15,8 @@ every row `sent` and the service N requests. The bare side, in the same round:
 payload encrypted per send, one aiohttp session), as many at a time as the
 provider's `max_in_flight` (its connections), a log line per answer. Both sides log at
 info to --log-file. Rounds alternate which goes first. The last line, medians:
-`push_bench_web: worker=... bare=... ratio=...`.
+`push_bench_web: worker=... bare=... ratio=... paired=...` (ratio: of the medians;
+paired: the median of each round's ratio).
 """
 
 from __future__ import annotations
@@ -155,12 +156,16 @@ async def bench(base: Settings, fake: FakeProcess, args: argparse.Namespace) -> 
                 worker.append(rate)
                 say(f"round {n + 1}: worker {rate:,.0f} sends/s {shares}".rstrip())
     w, b = statistics.median(worker), statistics.median(bare_rates)
+    paired = statistics.median(x / y for x, y in zip(worker, bare_rates, strict=True))
     say(
         f"\n{args.sends:,} web push jobs (one subscription each, {SUBSCRIPTIONS} subscriptions),"
         f" {concurrency} in flight, push service answering after {LATENCY * 1000:.0f} ms;"
         f" medians of {args.runs} rounds"
     )
-    say(f"push_bench_web: worker={w:.0f} bare={b:.0f} ratio={w / b:.2f} in_flight={concurrency}")
+    say(
+        f"push_bench_web: worker={w:.0f} bare={b:.0f} ratio={w / b:.2f} paired={paired:.2f}"
+        f" in_flight={concurrency}"
+    )
 
 
 def run_web(args: argparse.Namespace) -> None:

@@ -24,7 +24,8 @@ one). The receiver (`proving.bench.webhook_receiver`) runs in a child process, s
 its CPU is neither side's, answers 204 after --latency-ms and verifies nothing;
 each round's lines give its share of the run on a CPU (`receiver ran=`): near 100%,
 it set the pace. Rounds alternate which side goes first. The last line, medians:
-`webhook_bench: worker=... bare=... ratio=...`.
+`webhook_bench: worker=... bare=... ratio=... paired=...` (ratio: of the medians;
+paired: the median of each round's ratio, its two sides run back to back).
 """
 
 from __future__ import annotations
@@ -233,6 +234,9 @@ async def bench(base: Settings, receiver: ReceiverProcess, args: argparse.Namesp
                 worker.append(done.rate)
             say(f"round {n + 1}: {side} {done.rate:,.0f} sends/s {done.shares}".rstrip())
     w, b = statistics.median(worker), statistics.median(bare)
+    # Each round's two sides share its weather: the median of their ratios, beside
+    # the ratio of the medians, says whether a busy machine moved the latter.
+    paired = statistics.median(x / y for x, y in zip(worker, bare, strict=True))
     shape = (
         "a job per webhook" if args.endpoints == 1 else f"each job to {args.endpoints} endpoints"
     )
@@ -241,7 +245,7 @@ async def bench(base: Settings, receiver: ReceiverProcess, args: argparse.Namesp
         f" receiver answering after {args.latency_ms:g} ms; medians of {args.runs} rounds"
     )
     say(
-        f"webhook_bench: worker={w:.0f} bare={b:.0f} ratio={w / b:.2f}"
+        f"webhook_bench: worker={w:.0f} bare={b:.0f} ratio={w / b:.2f} paired={paired:.2f}"
         f" endpoints={args.endpoints} in_flight={IN_FLIGHT}"
     )
 
