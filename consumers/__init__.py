@@ -11,7 +11,7 @@ from consumers.effects.circuit import CircuitState, CircuitView
 from consumers.handlers.app import App, load_app
 from consumers.handlers.context import Batch, Context
 from consumers.handlers.faults import NO_FAULTS, CrashPoint, Faults, NoFaults
-from consumers.handlers.retry import RetryPolicy, dead_letter_queue, tier_queue
+from consumers.handlers.retry import RetryPolicy, bulk_lane, dead_letter_queue, tier_queue
 from consumers.handlers.spec import (
     BatchHandler,
     EffectSpec,
@@ -51,10 +51,13 @@ from consumers.runtime.worker import Worker
 from consumers.settings import (
     AmqpSettings,
     DatabaseSettings,
+    ProviderQuota,
     QueueType,
+    QuotaSettings,
     RelaySettings,
     RetentionSettings,
     Settings,
+    TenantSettings,
     WorkerSettings,
 )
 from consumers.telemetry.logs import configure_logging
@@ -96,9 +99,11 @@ __all__ = [
     "ProviderFactory",
     "Publisher",
     "PublisherError",
+    "ProviderQuota",
     "PublisherSettings",
     "PushJob",
     "QueueType",
+    "QuotaSettings",
     "Recipient",
     "Reject",
     "Relay",
@@ -107,10 +112,12 @@ __all__ = [
     "Retry",
     "RetryPolicy",
     "Settings",
+    "TenantSettings",
     "UnknownOutcome",
     "Unroutable",
     "Worker",
     "WorkerSettings",
+    "bulk_lane",
     "configure_logging",
     "dead_letter_queue",
     "job_message",

@@ -6,17 +6,22 @@ calls; nothing here reads the environment at import time.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
+from typing import Any
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # The largest message body a worker decodes (IW_MAX_BODY_BYTES); the send API
 # refuses a larger body at the door (ingress reads the same variable).
 MAX_BODY_BYTES = 1_048_576
+# The targets of one part of a send in the bulk lane (dedupe.PART_TARGETS).
+BULK_PART_TARGETS = 200
 
 
 class QueueType(StrEnum):
@@ -75,6 +80,11 @@ class WorkerSettings:
     # job larger than it goes alone. About what FCM's 32 threads start in one
     # 30 s lease at 100 ms answers (consumers.pipeline.holding).
     push_held_devices: int = 10_000
+    # Deliveries of an effects queue's bulk lane (the parts of sends of many targets,
+    # `consumers.publishing.parts`) a worker takes before it has room for them: what
+    # it holds plus a few, so the other parts stay in the queue for the other
+    # workers. None: push_held_devices / 200 (a part's targets) + 10.
+    push_bulk_prefetch: int | None = None
     max_batch: int = 500  # messages in one transaction at most
     concurrency: int = 1  # channels (and batches in flight) per queue
     max_body_bytes: int = MAX_BODY_BYTES
@@ -93,6 +103,16 @@ class WorkerSettings:
             raise ValueError("push_held_devices must be at least 1")
         if self.prefetch < 1 or self.push_prefetch < 1:
             raise ValueError("prefetch and push_prefetch must be at least 1")
+        if self.push_bulk_prefetch is not None and self.push_bulk_prefetch < 1:
+            raise ValueError("push_bulk_prefetch must be at least 1")
+
+    @property
+    def bulk_prefetch(self) -> int:
+        """The bulk lane's prefetch: `push_bulk_prefetch`, or what the held devices take
+        in parts of 200, and 10 more."""
+        if self.push_bulk_prefetch is not None:
+            return self.push_bulk_prefetch
+        return math.ceil(self.push_held_devices / BULK_PART_TARGETS) + 10
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,6 +202,107 @@ class TracingSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TenantSettings:
+    """What each tenant's jobs may hold in an effects queue's worker (consumers.pipeline.holding).
+
+    `held_devices`: the targets of one tenant's jobs a worker holds at once
+    (IW_TENANT_HELD_DEVICES; None: the queue's push_held_devices, no cap of its
+    own); `held_devices_by_tenant`: overrides for named tenants
+    (IW_TENANT_HELD_DEVICES_BY_TENANT, a JSON object: `{"acme": 20000}`);
+    `reserved_devices`: held above push_held_devices, for tenants holding nothing
+    (IW_TENANT_RESERVED_DEVICES), so another tenant's large send never leaves
+    a small job without room."""
+
+    held_devices: int | None = None
+    held_devices_by_tenant: Mapping[str, int] = field(default_factory=dict)
+    reserved_devices: int = 1_000
+
+    def __post_init__(self) -> None:
+        limits = [self.held_devices or 1, *self.held_devices_by_tenant.values()]
+        if min(limits) < 1 or self.reserved_devices < 0:
+            raise ValueError(
+                "tenant held devices must be at least 1 and reserved_devices at least 0"
+            )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> TenantSettings:
+        held = env.get("IW_TENANT_HELD_DEVICES", "")
+        return cls(
+            held_devices=int(held) if held else None,
+            held_devices_by_tenant=_json_ints(env, "IW_TENANT_HELD_DEVICES_BY_TENANT"),
+            reserved_devices=int(env.get("IW_TENANT_RESERVED_DEVICES", "1000")),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProviderQuota:
+    """One provider project's rate, kept by the whole fleet (consumers.effects.quota):
+    `per_second` sends on average, at most `burst` at once (None: one second's)."""
+
+    per_second: float
+    burst: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.per_second > 0 or (self.burst is not None and self.burst < 1):
+            raise ValueError("a quota's per_second must be positive and its burst at least 1")
+
+    @property
+    def bucket(self) -> float:
+        return self.burst if self.burst is not None else max(1.0, self.per_second)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuotaSettings:
+    """Provider quotas, by the quota's name (a sender's `quota_name`, e.g.
+    `apns:com.example.app`, or its `name`, e.g. `fcm`), from IW_PROVIDER_QUOTAS: a JSON
+    object of a number (per second) or `{"per_second": N, "burst": M}` per name."""
+
+    limits: Mapping[str, ProviderQuota] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> QuotaSettings:
+        text = env.get("IW_PROVIDER_QUOTAS", "").strip()
+        if not text:
+            return cls()
+        try:
+            given = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"IW_PROVIDER_QUOTAS is not JSON: {exc}") from None
+        if not isinstance(given, dict):
+            raise ValueError("IW_PROVIDER_QUOTAS: a JSON object of quotas by name")
+        return cls(limits={str(name): _quota(name, value) for name, value in given.items()})
+
+
+def _quota(name: str, value: Any) -> ProviderQuota:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return ProviderQuota(per_second=float(value))
+    if isinstance(value, dict) and set(value) <= {"per_second", "burst"} and "per_second" in value:
+        burst = value.get("burst")
+        return ProviderQuota(
+            per_second=float(value["per_second"]),
+            burst=None if burst is None else float(burst),
+        )
+    raise ValueError(
+        f"IW_PROVIDER_QUOTAS[{name!r}]: a number, or {{\"per_second\": N, \"burst\": M}}"
+    )
+
+
+def _json_ints(env: Mapping[str, str], name: str) -> dict[str, int]:
+    text = env.get(name, "").strip()
+    if not text:
+        return {}
+    try:
+        given = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{name} is not JSON: {exc}") from None
+    if not isinstance(given, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in given.values()
+    ):
+        raise ValueError(f"{name}: a JSON object of whole numbers by tenant")
+    return {str(k): int(v) for k, v in given.items()}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     amqp: AmqpSettings = field(default_factory=AmqpSettings)
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
@@ -190,6 +311,8 @@ class Settings:
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     relay: RelaySettings = field(default_factory=RelaySettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    tenants: TenantSettings = field(default_factory=TenantSettings)
+    quotas: QuotaSettings = field(default_factory=QuotaSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -213,6 +336,9 @@ class Settings:
                 prefetch=int(env.get("IW_PREFETCH", "1000")),
                 push_prefetch=int(env.get("IW_PUSH_PREFETCH", "2000")),
                 push_held_devices=int(env.get("IW_PUSH_HELD_DEVICES", "10000")),
+                push_bulk_prefetch=(
+                    int(env["IW_PUSH_BULK_PREFETCH"]) if env.get("IW_PUSH_BULK_PREFETCH") else None
+                ),
                 max_batch=int(env.get("IW_MAX_BATCH", "500")),
                 concurrency=int(env.get("IW_CONCURRENCY", "1")),
                 max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", str(MAX_BODY_BYTES))),
@@ -239,4 +365,6 @@ class Settings:
                 poll_interval_s=float(env.get("IW_RELAY_POLL", "1")),
             ),
             tracing=TracingSettings.from_env(env),
+            tenants=TenantSettings.from_env(env),
+            quotas=QuotaSettings.from_env(env),
         )

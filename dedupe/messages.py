@@ -65,8 +65,10 @@ class NewMessage:
     targets: int
     job: bytes  # the push job as published: JSON, the key field left out
     # A send of more than PART_TARGETS devices: its parts' bodies, in order, published
-    # as `<job id>#0`, `#1`, ... (`part_message_ids`) instead of `job`.
+    # as `<job id>#0`, `#1`, ... (`part_message_ids`) instead of `job`, to `parts_queue`
+    # (the queue's bulk lane) if given, else to `queue`.
     parts: tuple[bytes, ...] = ()
+    parts_queue: str | None = None
     # W3C trace context the outbox rows keep (and the relay's publish continues):
     # the request's span when tracing is on, else None.
     traceparent: str | None = None
@@ -139,9 +141,10 @@ class Messages:
         # id if won, else the stored fingerprint and id (NULL if the snapshot missed them).
         self._accept_sql = (
             "WITH input AS MATERIALIZED (SELECT *, gen_random_uuid() AS id FROM unnest("
-            "$1::text[], $2::text[], $3::bytea[], $4::text[], $5::int[], $9::text[], $10::text[])"
+            "$1::text[], $2::text[], $3::bytea[], $4::text[], $5::int[], $9::text[], $10::text[],"
+            " $11::text[])"
             " WITH ORDINALITY AS x(tenant, idempotency_key, fingerprint, queue, targets,"
-            " traceparent, tracestate, n)),"
+            " traceparent, tracestate, parts_queue, n)),"
             f" won AS (INSERT INTO {self._keys} (tenant, idempotency_key, fingerprint, message_id)"
             "  SELECT tenant, idempotency_key, fingerprint, id FROM input ORDER BY n"
             "  ON CONFLICT DO NOTHING RETURNING message_id),"
@@ -149,7 +152,8 @@ class Messages:
             "  SELECT i.id, i.tenant, i.queue, i.targets, 'queued' FROM input i"
             "  JOIN won w ON w.message_id = i.id),"
             f" job AS (INSERT INTO {q}.outbox (queue, tenant, message_id, headers, body)"
-            f"  SELECT i.queue, i.tenant, '{JOB_PREFIX}' || i.id || p.suffix,"
+            "  SELECT CASE p.suffix WHEN '' THEN i.queue ELSE i.parts_queue END, i.tenant,"
+            f"   '{JOB_PREFIX}' || i.id || p.suffix,"
             f"   jsonb_strip_nulls(jsonb_build_object('{INGRESS_HEADER}', i.id::text,"
             "    'traceparent', i.traceparent, 'tracestate', i.tracestate)), p.body"
             "  FROM input i JOIN won w ON w.message_id = i.id"
@@ -212,6 +216,7 @@ class Messages:
                 [j[2] for j in jobs],
                 [r.traceparent for _, r in wanted],
                 [r.tracestate for _, r in wanted],
+                [r.parts_queue or r.queue for _, r in wanted],
             )
             unseen = []
             for (key, r), row in zip(wanted, rows, strict=True):

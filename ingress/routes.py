@@ -23,7 +23,7 @@ import orjson
 import structlog
 from fastapi import APIRouter, Request, Response
 
-from consumers import push_job_parts
+from consumers import bulk_lane, push_job_parts
 from consumers.telemetry.tracing import SpanKind, tracing
 from dedupe import Acceptance, MessageStatus, NewMessage, fingerprint, parse_message_id
 from ingress.body import decode_body, read_body, too_large, validated
@@ -87,6 +87,7 @@ async def send(request: Request) -> Response:
                 targets=len({(t.platform, t.token) for t in job.targets}),  # repeats fold
                 job=stored[0],
                 parts=tuple(stored) if len(stored) > 1 else (),
+                parts_queue=bulk_lane(running.settings.queue) if len(stored) > 1 else None,
                 traceparent=trace.get("traceparent"),
                 tracestate=trace.get("tracestate"),
             )

@@ -112,6 +112,7 @@ class EffectsRunner:
         metrics: ConsumerMetrics,
         acks: AckWindow,
         holding: Holding | None = None,
+        gate: ProviderGate | None = None,
     ) -> None:
         assert spec.effects is not None
         self.spec = spec
@@ -129,7 +130,8 @@ class EffectsRunner:
         self.acks = acks  # the channel's: jobs settle out of order
         self.holding = holding  # the queue's targets held: a settled job gives its own back
         self.messages = Messages(inbox.schema)
-        self._gate = ProviderGate()  # the runner's batches share the provider
+        # The runner's batches share the provider, with the queue's other runners.
+        self._gate = gate if gate is not None else ProviderGate()
         self.claims = ClaimStep(
             pool=pool, inbox=inbox, ledger=ledger, provider=provider, spec=spec, metrics=metrics
         )

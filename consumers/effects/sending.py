@@ -255,7 +255,7 @@ class Fanout:
         target = sender_for(self.provider, send.recipient.channel)
         span = send_span(send) if send.item.span is not None else None
         try:
-            async with self.gate.slot(target):
+            async with self.gate.slot(target, send.target.key.tenant):
                 answer = await self._attempt(send, target)
         except asyncio.CancelledError as exc:  # counted below, then re-raised
             cancelled = exc

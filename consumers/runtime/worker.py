@@ -4,8 +4,10 @@ Every queue of every handler is checked against what the broker holds before
 any is declared (`consumers.broker.conflicts`: a conflict is a
 `TopologyConflict`, and nothing is declared). Then for each handler the
 worker declares the topology, opens `concurrency` channels with `prefetch`
-each (`push_prefetch` for an effects queue), and runs one batch loop per channel
-(an effects queue's loops hold at most `push_held_devices` targets between them).
+each (`push_prefetch` for an effects queue, and one more on its bulk lane with
+`bulk_prefetch`), and runs one batch loop per channel (an effects queue's loops
+hold at most `push_held_devices` targets between them, by tenant, and share one
+provider gate).
 A loop takes everything buffered (up to `max_batch`) as soon as the previous
 batch is settled: no timer, so a quiet queue gets latency of one commit and a
 busy one gets large batches.
@@ -23,7 +25,7 @@ import os
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aio_pika
@@ -36,9 +38,11 @@ from consumers.broker.consume import DirectConsumer
 from consumers.broker.headers import read_leniently
 from consumers.broker.topology import declarations, declare
 from consumers.effects.circuit import Circuits, CircuitState, CircuitView
+from consumers.effects.gate import ProviderGate
 from consumers.effects.lease import check_lease, check_recovery
 from consumers.effects.runner import EffectsRunner
 from consumers.handlers.app import App
+from consumers.handlers.retry import bulk_lane
 from consumers.handlers.spec import HandlerSpec
 from consumers.message.decisions import ConfigurationError
 from consumers.message.verdict import error_text
@@ -61,6 +65,14 @@ from providers import Sender
 log = structlog.get_logger(__name__)
 
 EFFECTS_BATCHES_AT_ONCE = 8  # per channel: a slow target holds back only its own batch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Shared:
+    """What an effects queue's channels (its lanes, its `concurrency`) share in a process."""
+
+    holding: Holding
+    gate: ProviderGate
 
 
 class Worker:
@@ -152,7 +164,9 @@ class Worker:
             [
                 declaration
                 for spec in self.app.specs.values()
-                for declaration in declarations(spec.queue, spec.retry, amqp)
+                for declaration in declarations(
+                    spec.queue, spec.retry, amqp, bulk=spec.effects is not None
+                )
             ],
         )
 
@@ -185,67 +199,101 @@ class Worker:
     async def _start_queue(self, spec: HandlerSpec, dispatcher: Dispatcher, inbox: Inbox) -> None:
         assert self._connection is not None and self.pool is not None
         ws = self.settings.worker
-        holding = None
         effects = spec.effects
-        if effects is not None:  # its kind, given this worker's pool and settings
-            effects = replace(effects, kind=effects.kind.bound(self.pool, self.settings))
-            spec = replace(spec, effects=effects)
-        if effects is not None:  # the targets its channels' batches hold, all of them
+        if effects is None:
+            for n in range(ws.concurrency):
+                await self._consume(spec, spec.queue, ws.prefetch, n, dispatcher, inbox, None)
+            return
+        # Its kind, given this worker's pool and settings.
+        effects = replace(effects, kind=effects.kind.bound(self.pool, self.settings))
+        spec = replace(spec, effects=effects)
 
-            def weigh(delivery: Delivery) -> int:
-                return effects.kind.weigh(delivery.body, max_body_bytes=ws.max_body_bytes)
+        def weigh(delivery: Delivery) -> int:
+            return effects.kind.weigh(delivery.body, max_body_bytes=ws.max_body_bytes)
 
-            holding = Holding(limit=ws.push_held_devices, weigh=weigh)
+        tenants = self.settings.tenants
+        shared = _Shared(
+            # The targets its channels' batches hold, all of them, by tenant.
+            holding=Holding(
+                limit=ws.push_held_devices,
+                weigh=weigh,
+                reserve=tenants.reserved_devices,
+                tenant_limit=tenants.held_devices,
+                tenant_limits=tenants.held_devices_by_tenant,
+            ),
+            gate=ProviderGate(),  # the provider's sends in flight, every lane's
+        )
         for n in range(ws.concurrency):
-            channel = await self._connection.channel(publisher_confirms=False)
-            await channel.set_qos(
-                prefetch_count=ws.prefetch if effects is None else ws.push_prefetch
+            await self._consume(spec, spec.queue, ws.push_prefetch, n, dispatcher, inbox, shared)
+        lane = bulk_lane(spec.queue)  # the parts of large sends: a few more than it holds
+        await self._consume(spec, lane, ws.bulk_prefetch, 0, dispatcher, inbox, shared)
+
+    async def _consume(
+        self,
+        spec: HandlerSpec,
+        queue_name: str,
+        prefetch: int,
+        n: int,
+        dispatcher: Dispatcher,
+        inbox: Inbox,
+        shared: _Shared | None,
+    ) -> None:
+        """One channel consuming `queue_name` (the handler's queue, or its bulk lane) into
+        a batch loop of its own; an effects queue's loops share `shared`."""
+        assert self._connection is not None and self.pool is not None
+        ws = self.settings.worker
+        effects = spec.effects
+        channel = await self._connection.channel(publisher_confirms=False)
+        await channel.set_qos(prefetch_count=prefetch)
+        if n == 0 and queue_name == spec.queue:
+            await declare(
+                channel, spec.queue, spec.retry, self.settings.amqp, bulk=effects is not None
             )
-            if n == 0:
-                await declare(channel, spec.queue, spec.retry, self.settings.amqp)
-            # Declared (passively) on the robust channel, not `get_queue(ensure=False)`:
-            # only queues the channel knows get their consumers back after a reconnect.
-            queue = await channel.declare_queue(spec.queue, passive=True)
-            runner: Runner
-            if effects is not None:
-                runner = EffectsRunner(
-                    spec=spec,
-                    pool=self.pool,
-                    inbox=inbox,
-                    ledger=SendLedger(self.settings.database.schema, self.worker_id),
-                    provider=await self._provider(spec),
-                    circuits=self._circuits_of(spec),
-                    dispatcher=dispatcher,
-                    settings=ws,
-                    faults=self.app.faults,
-                    metrics=self.metrics.consumer(spec.queue),
-                    acks=AckWindow(),
-                    holding=holding,
-                )
-            else:
-                runner = BatchRunner(
-                    spec=spec,
-                    pool=self.pool,
-                    inbox=inbox,
-                    dispatcher=dispatcher,
-                    settings=ws,
-                    faults=self.app.faults,
-                    metrics=self.metrics.consumer(spec.queue),
-                    hold_connection=self._hold_connections,
-                )
-            at_once = EFFECTS_BATCHES_AT_ONCE if effects is not None else 1
-            loop = BatchLoop(
-                runner,
-                ws.max_batch,
-                self.metrics.consumer(spec.queue),
-                at_once=at_once,
-                holding=holding,
+        # Declared (passively) on the robust channel, not `get_queue(ensure=False)`:
+        # only queues the channel knows get their consumers back after a reconnect.
+        queue = await channel.declare_queue(queue_name, passive=True)
+        runner: Runner
+        if effects is not None:
+            assert shared is not None
+            runner = EffectsRunner(
+                spec=spec,
+                pool=self.pool,
+                inbox=inbox,
+                ledger=SendLedger(self.settings.database.schema, self.worker_id),
+                provider=await self._provider(spec),
+                circuits=self._circuits_of(spec),
+                dispatcher=dispatcher,
+                settings=ws,
+                faults=self.app.faults,
+                metrics=self.metrics.consumer(spec.queue),
+                acks=AckWindow(),
+                holding=shared.holding,
+                gate=shared.gate,
             )
-            if isinstance(runner, BatchRunner):
-                runner.next_batch_waiting = loop.next_batch_waiting
-            loop.queue = queue
-            self._loops[loop] = asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}")
-            loop.consumer_tag = await queue.consume(DirectConsumer(loop.on_delivery))
+        else:
+            runner = BatchRunner(
+                spec=spec,
+                pool=self.pool,
+                inbox=inbox,
+                dispatcher=dispatcher,
+                settings=ws,
+                faults=self.app.faults,
+                metrics=self.metrics.consumer(spec.queue),
+                hold_connection=self._hold_connections,
+            )
+        at_once = EFFECTS_BATCHES_AT_ONCE if effects is not None else 1
+        loop = BatchLoop(
+            runner,
+            ws.max_batch,
+            self.metrics.consumer(spec.queue),
+            at_once=at_once,
+            holding=None if shared is None else shared.holding,
+        )
+        if isinstance(runner, BatchRunner):
+            runner.next_batch_waiting = loop.next_batch_waiting
+        loop.queue = queue
+        self._loops[loop] = asyncio.create_task(loop.run(), name=f"batch-loop:{queue_name}:{n}")
+        loop.consumer_tag = await queue.consume(DirectConsumer(loop.on_delivery))
 
     async def stop(self) -> None:
         """Stop consuming, settle what was delivered, close. Idempotent."""
