@@ -282,9 +282,7 @@ def _quota(name: str, value: Any) -> ProviderQuota:
             per_second=float(value["per_second"]),
             burst=None if burst is None else float(burst),
         )
-    raise ValueError(
-        f"IW_PROVIDER_QUOTAS[{name!r}]: a number, or {{\"per_second\": N, \"burst\": M}}"
-    )
+    raise ValueError(f'IW_PROVIDER_QUOTAS[{name!r}]: a number, or {{"per_second": N, "burst": M}}')
 
 
 def _json_ints(env: Mapping[str, str], name: str) -> dict[str, int]:

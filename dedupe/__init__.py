@@ -39,6 +39,7 @@ from dedupe.messages import (
 )
 from dedupe.migrate import available_migrations, check_schema, migrate, quote_ident
 from dedupe.outbox import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure
+from dedupe.quota import QUOTA_CHANNEL, Grant, ProviderQuotas, paused_notice
 from dedupe.replication import (
     ReplicationState,
     is_replication_cancel,
@@ -55,6 +56,7 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "OUTBOX_COUNT_CAP",
     "PART_TARGETS",
+    "QUOTA_CHANNEL",
     "Acceptance",
     "Accepted",
     "Claim",
@@ -66,6 +68,7 @@ __all__ = [
     "DbConnection",
     "DedupeError",
     "DedupeKey",
+    "Grant",
     "Inbox",
     "KeyRecord",
     "KeyVanished",
@@ -77,6 +80,7 @@ __all__ = [
     "NotInTransaction",
     "Outbox",
     "OutboxRow",
+    "ProviderQuotas",
     "PublishFailure",
     "ReplicationState",
     "Retention",
@@ -104,6 +108,7 @@ __all__ = [
     "migrate",
     "parse_message_id",
     "part_message_ids",
+    "paused_notice",
     "quote_ident",
     "read_replication",
     "replicated",

@@ -60,6 +60,7 @@ from consumers.effects.circuit import Circuits
 from consumers.effects.claim import Claimed, ClaimStep
 from consumers.effects.gate import ProviderGate
 from consumers.effects.lease import Lease
+from consumers.effects.quota import FleetQuotas
 from consumers.effects.sending import CHUNK_TARGETS, Fanout, JobProgress
 from consumers.handlers.faults import CrashPoint, Faults
 from consumers.handlers.spec import HandlerSpec
@@ -113,6 +114,7 @@ class EffectsRunner:
         acks: AckWindow,
         holding: Holding | None = None,
         gate: ProviderGate | None = None,
+        quotas: FleetQuotas | None = None,
     ) -> None:
         assert spec.effects is not None
         self.spec = spec
@@ -132,6 +134,7 @@ class EffectsRunner:
         self.messages = Messages(inbox.schema)
         # The runner's batches share the provider, with the queue's other runners.
         self._gate = gate if gate is not None else ProviderGate()
+        self.quotas = quotas  # the fleet's provider quotas (consumers.effects.quota)
         self.claims = ClaimStep(
             pool=pool, inbox=inbox, ledger=ledger, provider=provider, spec=spec, metrics=metrics
         )
@@ -186,6 +189,7 @@ class EffectsRunner:
             lease=claimed.lease,
             steps=self,
             batch=batch,
+            quotas=self.quotas,
         )
         try:
             await fanout.run(claimed.jobs, claimed.sends, settled, started)

@@ -40,6 +40,7 @@ from consumers.broker.topology import declarations, declare
 from consumers.effects.circuit import Circuits, CircuitState, CircuitView
 from consumers.effects.gate import ProviderGate
 from consumers.effects.lease import check_lease, check_recovery
+from consumers.effects.quota import FleetQuotas
 from consumers.effects.runner import EffectsRunner
 from consumers.handlers.app import App
 from consumers.handlers.retry import bulk_lane
@@ -111,6 +112,7 @@ class Worker:
         # `cancel()` ends (else the stop waits its whole grace on it).
         self._loops: dict[BatchLoop, asyncio.Task[None]] = {}
         self._relay: Relay | None = None
+        self._quotas: FleetQuotas | None = None  # the fleet's provider quotas, when any is set
         self._hold_connections = False
         self._started = False
         self._stopping = False
@@ -134,6 +136,9 @@ class Worker:
         async with self.pool.acquire() as conn:
             await check_schema(conn, db.schema)
             await check_replication(conn, db, self.metrics)  # said at start, or refused
+        if self.settings.quotas.limits:
+            self._quotas = FleetQuotas(self.settings, self.pool, self.metrics)
+            await self._quotas.start()
         await self._check_topology()  # before any queue is declared
         self._connection = await connect(amqp.urls, name=f"idempotent-workers {self.worker_id}")
         confirm_channel = await self._connection.channel(publisher_confirms=True)
@@ -177,6 +182,8 @@ class Worker:
             provider = self._providers[spec.queue] = await spec.effects.provider()
             check_lease(spec.queue, spec.effects.lease_seconds, provider)  # else no send starts
             check_recovery(spec.queue, provider)  # a channel that offers lookup has one
+            if self._quotas is not None:
+                self._quotas.check(provider)
         return self._providers[spec.queue]
 
     def _circuits_of(self, spec: HandlerSpec) -> Circuits:
@@ -269,6 +276,7 @@ class Worker:
                 acks=AckWindow(),
                 holding=shared.holding,
                 gate=shared.gate,
+                quotas=self._quotas,
             )
         else:
             runner = BatchRunner(
@@ -321,6 +329,8 @@ class Worker:
             await _close_logged("amqp_connection", self._connection.close)
         for provider in self._providers.values():
             await _close_logged(f"provider:{provider.name}", provider.aclose)
+        if self._quotas is not None:
+            await _close_logged("provider_quotas", self._quotas.close)
         if self.pool is not None:
             await _close_logged("database_pool", self.pool.close)
         log.info("worker_stopped", worker=self.worker_id)

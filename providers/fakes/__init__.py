@@ -16,12 +16,14 @@ in your conftest.py, or `-p providers.fakes.pytest_plugin`) for the fixtures
 from providers.fakes.apns import ApnsReply, ApnsRequest, FakeApns
 from providers.fakes.env import collapse_ids_sent, fakes_env, router_from_env
 from providers.fakes.fcm import FakeFcm, FcmReply, FcmRequest
+from providers.fakes.ratelimit import FakeRateLimit
 
 __all__ = [
     "ApnsReply",
     "ApnsRequest",
     "FakeApns",
     "FakeFcm",
+    "FakeRateLimit",
     "FcmReply",
     "FcmRequest",
     "collapse_ids_sent",
