@@ -29,11 +29,16 @@ from dedupe import check_schema
 log = structlog.get_logger(__name__)
 
 
-def console_main(argv: Sequence[str], settings: Settings) -> int:
-    if argv[:1] == ["token"]:
-        return _token_main(argv[1:], settings)
-    base = ConsoleSettings.from_env(os.environ)
-    parser = argparse.ArgumentParser(prog="idempotent-workers console")
+def console_parser(base: ConsoleSettings | None = None) -> argparse.ArgumentParser:
+    """The flags of `console`, their defaults from `base` (the IW_CONSOLE_* variables)."""
+    base = base or ConsoleSettings()
+    parser = argparse.ArgumentParser(
+        prog="idempotent-workers console",
+        description="Serve the operator console (web pages over the dlq and inspect"
+        " commands, signed in with a token) until SIGTERM.",
+        epilog="idempotent-workers console token create|revoke: the tokens that sign in"
+        " (see console token --help).",
+    )
     parser.add_argument("--host", default=base.host, help="default 127.0.0.1: this machine only")
     parser.add_argument("--port", type=int, default=base.port, help="0: any free port")
     parser.add_argument(
@@ -52,7 +57,14 @@ def console_main(argv: Sequence[str], settings: Settings) -> int:
         help="another origin its pages are served from, e.g. a proxy's https://console.example"
         " (repeat; default IW_CONSOLE_ORIGINS): a POST from it is not refused",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def console_main(argv: Sequence[str], settings: Settings) -> int:
+    if argv[:1] == ["token"]:
+        return _token_main(argv[1:], settings)
+    base = ConsoleSettings.from_env(os.environ)
+    args = console_parser(base).parse_args(argv)
     console = ConsoleSettings(
         host=args.host,
         port=args.port,
@@ -118,15 +130,31 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-def _token_main(argv: Sequence[str], settings: Settings) -> int:
-    parser = argparse.ArgumentParser(prog="idempotent-workers console token")
-    sub = parser.add_subparsers(dest="action", required=True)
-    create = sub.add_parser("create", help="make a token; it is printed once")
+def token_parser() -> argparse.ArgumentParser:
+    """The flags of `console token` and of each of its actions."""
+    parser = argparse.ArgumentParser(
+        prog="idempotent-workers console token",
+        description="The console's sign-in tokens, one live token a name.",
+    )
+    sub = parser.add_subparsers(dest="action", required=True, help="ACTION --help: its flags")
+    said = "make a token for a name and print it: the only time it is shown"
+    create = sub.add_parser("create", help=said, description=said)
     create.add_argument("--name", required=True, help="who holds it: the audit names them")
-    create.add_argument("--role", type=Role, choices=list(Role), default=Role.READ)
-    revoke = sub.add_parser("revoke", help="revoke a name's token: it stops working at once")
-    revoke.add_argument("--name", required=True)
-    args = parser.parse_args(argv)
+    create.add_argument(
+        "--role",
+        type=Role,
+        choices=list(Role),
+        default=Role.READ,
+        help="read: look only; operator: also replay and archive (default %(default)s)",
+    )
+    said = "revoke a name's token: it stops working at once"
+    revoke = sub.add_parser("revoke", help=said, description=said)
+    revoke.add_argument("--name", required=True, help="whose token")
+    return parser
+
+
+def _token_main(argv: Sequence[str], settings: Settings) -> int:
+    args = token_parser().parse_args(argv)
     return asyncio.run(_token(args, settings))
 
 

@@ -8,9 +8,10 @@ a public face of its own, as structlog's `testing` is.
 """
 
 from consumers.effects.circuit import CircuitState, CircuitView
-from consumers.handlers.app import App, load_app
+from consumers.handlers.app import App
 from consumers.handlers.context import Batch, Context
 from consumers.handlers.faults import NO_FAULTS, CrashPoint, Faults, NoFaults
+from consumers.handlers.loading import AppNotLoaded, AppProblem, load_app
 from consumers.handlers.retry import RetryPolicy, bulk_lane, dead_letter_queue, tier_queue
 from consumers.handlers.spec import (
     BatchHandler,
@@ -22,6 +23,13 @@ from consumers.handlers.spec import (
 )
 from consumers.jobs.kind import DeadTarget, EffectKind, InvalidJob, Recipient
 from consumers.jobs.push import PUSH, InvalidPushJob, PushJob, parse_push_job, push_job_body
+from consumers.jobs.webhook import (
+    InvalidWebhookJob,
+    WebhookJob,
+    WebhookKind,
+    parse_webhook_job,
+    webhook_job_body,
+)
 from consumers.message.decisions import (
     ConfigurationError,
     ConsumersError,
@@ -58,9 +66,12 @@ from consumers.settings import (
     RetentionSettings,
     Settings,
     TenantSettings,
+    TracingSettings,
+    WebhookSettings,
     WorkerSettings,
 )
 from consumers.telemetry.logs import configure_logging
+from consumers.telemetry.tracing import SpanKind, Tracing, tracing
 from dedupe import UnknownOutcome
 
 __all__ = [
@@ -71,6 +82,8 @@ __all__ = [
     "TENANT_HEADER",
     "AmqpSettings",
     "App",
+    "AppNotLoaded",
+    "AppProblem",
     "BadInput",
     "Batch",
     "BatchHandler",
@@ -91,6 +104,7 @@ __all__ = [
     "InvalidJob",
     "InvalidPushJob",
     "InvalidTokenHook",
+    "InvalidWebhookJob",
     "Job",
     "JobPart",
     "MessageHandler",
@@ -112,9 +126,15 @@ __all__ = [
     "Retry",
     "RetryPolicy",
     "Settings",
+    "SpanKind",
     "TenantSettings",
+    "Tracing",
+    "TracingSettings",
     "UnknownOutcome",
     "Unroutable",
+    "WebhookJob",
+    "WebhookKind",
+    "WebhookSettings",
     "Worker",
     "WorkerSettings",
     "bulk_lane",
@@ -123,8 +143,11 @@ __all__ = [
     "job_message",
     "load_app",
     "parse_push_job",
+    "parse_webhook_job",
     "publish_push_job",
     "push_job_body",
     "push_job_parts",
     "tier_queue",
+    "tracing",
+    "webhook_job_body",
 ]

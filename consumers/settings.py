@@ -95,6 +95,10 @@ class WorkerSettings:
     # A loop stuck this long past the longest deadline (a handler blocking it)
     # ends the process (consumers.runtime.watchdog); also the sessions' backstop margin.
     watchdog_grace_seconds: float = 10.0
+    # Web Push endpoint hosts a push job may name although private or loopback
+    # (providers.webpush_subscription): for tests and demos only, never production.
+    # IW_WEBPUSH_ALLOW_HOSTS, comma-separated; WebPushSettings.allow_hosts is the sender's.
+    webpush_allow_hosts: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.handler_timeout_seconds > 0 or not self.watchdog_grace_seconds > 0:
@@ -301,6 +305,44 @@ def _json_ints(env: Mapping[str, str], name: str) -> dict[str, int]:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WebhookSettings:
+    """Webhooks: how they are sent (`App.webhook_handler`) and their endpoints kept
+    (`idempotent-workers webhook endpoint ...`).
+
+    From the environment:
+    `secrets_keys`      IW_WEBHOOK_SECRETS_KEY: Fernet keys, comma-separated; the first
+                        encrypts the endpoints' signing secrets, every one decrypts (add
+                        a new key first, drop an old one only once nothing uses it)
+    `allow_http_hosts`  IW_WEBHOOK_ALLOW_HTTP_HOSTS: hosts an endpoint may reach over
+                        plain http (tests, demos); every other endpoint is https
+    `rotation_overlap_hours`  IW_WEBHOOK_ROTATION_OVERLAP_HOURS: how long an old secret
+                        signs beside the new one after a rotation (default 24)
+    In code only: the sender's timeouts and connections, and how long a worker keeps
+    an endpoint's URL and secrets before reading them again.
+    """
+
+    secrets_keys: tuple[str, ...] = field(default=(), repr=False)
+    allow_http_hosts: frozenset[str] = frozenset()
+    rotation_overlap_hours: float = 24.0
+    timeout_seconds: float = 15.0  # one call, start to answer (the spec: 15 to 30 s)
+    connect_timeout_seconds: float = 5.0
+    max_in_flight: int = 64  # calls at once per worker and queue: the connection pool
+    endpoint_cache_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.rotation_overlap_hours < 0 or self.endpoint_cache_seconds < 0:
+            raise ValueError("rotation_overlap_hours and endpoint_cache_seconds must be >= 0")
+        if not 0 < self.connect_timeout_seconds <= self.timeout_seconds:
+            raise ValueError("webhook timeouts must be positive, connect within the whole")
+        if self.max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     amqp: AmqpSettings = field(default_factory=AmqpSettings)
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
@@ -311,6 +353,7 @@ class Settings:
     tracing: TracingSettings = field(default_factory=TracingSettings)
     tenants: TenantSettings = field(default_factory=TenantSettings)
     quotas: QuotaSettings = field(default_factory=QuotaSettings)
+    webhooks: WebhookSettings = field(default_factory=WebhookSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -343,6 +386,7 @@ class Settings:
                 shutdown_grace_seconds=float(env.get("IW_SHUTDOWN_GRACE", "30")),
                 handler_timeout_seconds=float(env.get("IW_HANDLER_TIMEOUT", "30")),
                 watchdog_grace_seconds=float(env.get("IW_WATCHDOG_GRACE", "10")),
+                webpush_allow_hosts=allow_hosts(env.get("IW_WEBPUSH_ALLOW_HOSTS", "")),
             ),
             retention=RetentionSettings(
                 keep_days=float(env.get("IW_RETENTION_DAYS", "7")),
@@ -365,4 +409,16 @@ class Settings:
             tracing=TracingSettings.from_env(env),
             tenants=TenantSettings.from_env(env),
             quotas=QuotaSettings.from_env(env),
+            webhooks=WebhookSettings(
+                secrets_keys=_names(env.get("IW_WEBHOOK_SECRETS_KEY", "")),
+                allow_http_hosts=frozenset(
+                    host.lower() for host in _names(env.get("IW_WEBHOOK_ALLOW_HTTP_HOSTS", ""))
+                ),
+                rotation_overlap_hours=float(env.get("IW_WEBHOOK_ROTATION_OVERLAP_HOURS", "24")),
+            ),
         )
+
+
+def allow_hosts(text: str) -> frozenset[str]:
+    """`IW_WEBPUSH_ALLOW_HOSTS`: comma-separated host names or IP literals, lowercased."""
+    return frozenset(h.strip().lower().strip("[]") for h in text.split(",") if h.strip())

@@ -1,5 +1,6 @@
 """The PostgreSQL side: migrations, the inbox of processed messages, the send ledger,
-the outbox, the HTTP send API's messages, compare-and-set transitions."""
+the outbox, the HTTP send API's messages, webhook endpoints and their secrets,
+compare-and-set transitions."""
 
 from dedupe.connection import DbConnection
 from dedupe.errors import (
@@ -49,6 +50,15 @@ from dedupe.replication import (
 from dedupe.retention import CleanerBusy, CleanupResult, Retention, cleanup
 from dedupe.stats import OUTBOX_COUNT_CAP, TableStats, table_stats
 from dedupe.transition import Transition, transition
+from dedupe.webhook_endpoints import (
+    SecretBox,
+    SecretView,
+    SigningEndpoint,
+    Subscription,
+    WebhookEndpoint,
+    WebhookEndpoints,
+    shown_secret,
+)
 
 __all__ = [
     "INGRESS_HEADER",
@@ -85,16 +95,22 @@ __all__ = [
     "ReplicationState",
     "Retention",
     "SchemaMissing",
+    "SecretBox",
+    "SecretView",
     "SendIntent",
     "SendLedger",
     "SendResult",
     "SendRow",
     "SendStatus",
+    "SigningEndpoint",
+    "Subscription",
     "TableStats",
     "TargetKey",
     "TargetState",
     "Transition",
     "UnknownOutcome",
+    "WebhookEndpoint",
+    "WebhookEndpoints",
     "available_migrations",
     "canonical_json",
     "check_schema",
@@ -112,6 +128,7 @@ __all__ = [
     "quote_ident",
     "read_replication",
     "replicated",
+    "shown_secret",
     "table_stats",
     "transition",
 ]

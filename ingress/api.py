@@ -18,8 +18,7 @@ import structlog
 from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
 
-from consumers import DatabaseSettings
-from consumers.telemetry.tracing import tracing
+from consumers import DatabaseSettings, tracing
 from dedupe import Messages, check_schema
 from ingress import openapi, routes
 from ingress.commit import Committer

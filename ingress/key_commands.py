@@ -24,15 +24,30 @@ from ingress.keys import AmbiguousPrefix, ApiKeys
 T = TypeVar("T")
 
 
+def api_key_parser() -> argparse.ArgumentParser:
+    """The flags of `api-key` and of each of its actions."""
+    parser = argparse.ArgumentParser(
+        prog="idempotent-workers api-key",
+        description="The send API's keys, in DATABASE_URL's schema: create one for a tenant,"
+        " list them, revoke one.",
+    )
+    sub = parser.add_subparsers(dest="action", required=True, help="ACTION --help: its flags")
+    said = "make a key for a tenant and print it: the only time it is shown"
+    create = sub.add_parser("create", help=said, description=said)
+    create.add_argument("--tenant", required=True, help="the tenant the key's jobs belong to")
+    said = "every key: the start of its hash, tenant, created, last used"
+    sub.add_parser("list", help=said, description=said)
+    said = (
+        "delete the key whose hash starts with HASH_PREFIX (as list shows it); a running"
+        " serve refuses it within IW_INGRESS_KEY_CACHE_SECONDS"
+    )
+    revoke = sub.add_parser("revoke", help=said, description=said)
+    revoke.add_argument("hash_prefix", metavar="HASH_PREFIX", help="the start of the key's hash")
+    return parser
+
+
 def api_key_main(argv: Sequence[str], settings: Settings) -> int:
-    parser = argparse.ArgumentParser(prog="idempotent-workers api-key")
-    sub = parser.add_subparsers(dest="action", required=True)
-    create = sub.add_parser("create", help="make a key for a tenant; it is printed once")
-    create.add_argument("--tenant", required=True)
-    sub.add_parser("list", help="every key: hash prefix, tenant, created, last used")
-    revoke = sub.add_parser("revoke", help="delete the key whose hash starts with HASH_PREFIX")
-    revoke.add_argument("hash_prefix", metavar="HASH_PREFIX")
-    args = parser.parse_args(argv)
+    args = api_key_parser().parse_args(argv)
     keys = ApiKeys(settings.database.schema)
     if args.action == "create":
         print(asyncio.run(_with(settings, lambda conn: keys.create(conn, args.tenant))))

@@ -23,8 +23,7 @@ import orjson
 import structlog
 from fastapi import APIRouter, Request, Response
 
-from consumers import bulk_lane, push_job_parts
-from consumers.telemetry.tracing import SpanKind, tracing
+from consumers import SpanKind, bulk_lane, push_job_parts, tracing
 from dedupe import Acceptance, MessageStatus, NewMessage, fingerprint, parse_message_id
 from ingress.body import decode_body, read_body, too_large, validated
 from ingress.idempotency import one_key

@@ -31,7 +31,15 @@ from ingress.settings import IngressSettings
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["api_key_main", "run", "serve", "serve_main", "serve_settings", "server_config"]
+__all__ = [
+    "api_key_main",
+    "run",
+    "serve",
+    "serve_main",
+    "serve_parser",
+    "serve_settings",
+    "server_config",
+]
 
 
 def serve_main(argv: Sequence[str], settings: Settings) -> int:
@@ -39,19 +47,46 @@ def serve_main(argv: Sequence[str], settings: Settings) -> int:
     return run(serve(ingress, create_app(ingress, settings.database)))
 
 
+def serve_parser(
+    base: IngressSettings | None = None, prog: str = "idempotent-workers serve"
+) -> argparse.ArgumentParser:
+    """The flags of `serve`, their defaults from `base` (the IW_INGRESS_* variables)."""
+    base = base or IngressSettings()
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Serve the HTTP send API (POST /v1/messages, with an API key) until"
+        " SIGTERM: each accepted job is stored and relayed to the push queue. Flags win"
+        " over the IW_INGRESS_* variables.",
+    )
+    parser.add_argument("--host", default=base.host, help="default %(default)s")
+    parser.add_argument(
+        "--port", type=int, default=base.port, help="default %(default)s; 0: any free port"
+    )
+    parser.add_argument(
+        "--queue", default=base.queue, help="the push queue jobs go to (default %(default)s)"
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=base.max_batch,
+        help="requests in one commit at most (default %(default)s)",
+    )
+    parser.add_argument(
+        "--lanes",
+        type=int,
+        default=base.lanes,
+        help="commits in flight at once (default %(default)s)",
+    )
+    return parser
+
+
 def serve_settings(argv: Sequence[str], prog: str = "idempotent-workers serve") -> IngressSettings:
     """The flags of `serve`, over the IW_INGRESS_* variables (the flags win)."""
-    parser = argparse.ArgumentParser(prog=prog)
     try:
         base = IngressSettings.from_env(os.environ)
     except ValueError as exc:  # a variable that is no number, or out of range
-        parser.error(f"IW_INGRESS_* variables: {exc}")
-    parser.add_argument("--host", default=base.host)
-    parser.add_argument("--port", type=int, default=base.port, help="0: any free port")
-    parser.add_argument("--queue", default=base.queue, help="the push queue jobs go to")
-    parser.add_argument("--max-batch", type=int, default=base.max_batch)
-    parser.add_argument("--lanes", type=int, default=base.lanes)
-    args = parser.parse_args(argv)
+        serve_parser(prog=prog).error(f"IW_INGRESS_* variables: {exc}")
+    args = serve_parser(base, prog).parse_args(argv)
     return replace(
         base,
         host=args.host,

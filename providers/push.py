@@ -8,11 +8,17 @@ from enum import StrEnum
 
 
 class Platform(StrEnum):
-    """Where the device token comes from: iOS tokens go to APNs, the others to FCM."""
+    """Where the device is: iOS tokens go to APNs, Android tokens to FCM; a web target is
+    a Web Push subscription (endpoint and keys: Web Push) or an FCM web token (FCM)."""
 
     IOS = "ios"
     ANDROID = "android"
     WEB = "web"
+
+
+WEBPUSH_CHANNEL = "webpush"
+"""A Web Push subscription's channel (its ledger rows', its router's): a web target with
+a token alone is an FCM web token, channel `web`, as before subscriptions were taken."""
 
 
 class Priority(StrEnum):
@@ -23,11 +29,36 @@ class Priority(StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WebPushKeys:
+    """A browser's Web Push subscription keys, base64url as `PushSubscription.toJSON()`
+    gives them: `p256dh` (its P-256 public key, 65 bytes) and `auth` (16 bytes)."""
+
+    p256dh: str
+    auth: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
-    """One device: its platform and its push token."""
+    """One device: its platform and its push token.
+
+    A Web Push subscription is a web target whose `token` is the subscription's
+    endpoint URL and whose `keys` are its encryption keys; a web target without
+    keys is an FCM web registration token, sent through FCM as before.
+    """
 
     platform: Platform
     token: str
+    keys: WebPushKeys | None = None
+
+    @property
+    def is_webpush(self) -> bool:
+        """A Web Push subscription (endpoint and keys), sent to its push service directly."""
+        return self.keys is not None and self.platform is Platform.WEB
+
+    @property
+    def channel(self) -> str:
+        """Which sender takes it: the platform, or `webpush` for a subscription."""
+        return WEBPUSH_CHANNEL if self.is_webpush else str(self.platform)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

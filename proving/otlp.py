@@ -36,6 +36,8 @@ class ExportedSpan:
     attributes: dict[str, Any]
     links: tuple[tuple[str, str], ...]  # (trace_id, span_id)
     error: bool
+    start_ns: int = 0
+    end_ns: int = 0
 
 
 def _value(value: AnyValue) -> Any:
@@ -96,6 +98,8 @@ class OtlpReceiver:
                             attributes={a.key: _value(a.value) for a in span.attributes},
                             links=tuple((k.trace_id.hex(), k.span_id.hex()) for k in span.links),
                             error=span.status.code == 2,
+                            start_ns=span.start_time_unix_nano,
+                            end_ns=span.end_time_unix_nano,
                         )
                     )
         with self.lock:

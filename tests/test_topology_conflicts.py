@@ -25,7 +25,7 @@ import pytest
 from consumers import AmqpSettings, App, Context, Settings, Worker, dead_letter_queue, tier_queue
 from consumers.broker.conflicts import TopologyConflict, check_broker
 from consumers.broker.topology import declarations, declare, tier_arguments
-from consumers.runtime.process import EXIT_CONFIG
+from consumers.telemetry.failed_start import EXIT_CONFIG
 from dedupe import DbConnection
 from proving.deadlines import ANSWER_S, within
 from tests.apps.effects import FAST_RETRY

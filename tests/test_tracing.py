@@ -19,8 +19,7 @@ import aio_pika
 import pika
 import pytest
 
-from consumers import App, Relay, Settings
-from consumers.settings import TracingSettings
+from consumers import App, Relay, Settings, TracingSettings
 from consumers.telemetry.tracing import tracing
 from consumers.telemetry.tracing_setup import configure_tracing
 from ingress.settings import IngressSettings

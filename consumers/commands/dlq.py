@@ -3,27 +3,28 @@
 QUEUE is the work queue (`orders`) or its dead-letter queue (`orders.dlq`).
 Everything printed that came from a message goes through `printable()`: no
 escape sequence, NUL or bidi override reaches the terminal raw. `show` takes
-a message_id as typed or as `list` prints it, and shows any body the worker
-dead-letters: one the JSON reader cannot indent (nested past its recursion
-limit, not JSON, not UTF-8) is printed as received.
+a message_id as typed or as `list` prints it, and prints each copy as
+`consumers.commands.display` writes it (JSON bodies pretty-printed, times in
+ISO 8601). `archive` writes each message it takes out as one JSON line on
+standard output (`consumers.commands.archive.archived_record`) before its ack,
+and its summary on standard error: what it printed is where they are kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import re
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 import aio_pika
 import asyncpg
 
 from consumers.broker.connection import connect_once
-from consumers.commands.archive import archive
+from consumers.commands.archive import archive, archived_record
 from consumers.commands.deadletters import DeadLetter, NoSuchQueue, read_dead_letters, work_queue_of
+from consumers.commands.display import shown
 from consumers.commands.printable import printable
 from consumers.commands.replay import Outcome, Replayed, Selection, database_claims, replay
 from consumers.handlers.retry import dead_letter_queue
@@ -49,31 +50,54 @@ def since(text: str) -> datetime.datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
 
 
+ARCHIVE_SAID = (
+    "take the chosen dead letters out of the DLQ; each is printed whole (properties,"
+    " headers, body) as one JSON line on standard output before it leaves the DLQ:"
+    " redirect it to a file to keep them"
+)
+
+
 def register(sub: Any) -> None:
     """Add `dlq` to the CLI's subcommands."""
-    dlq = sub.add_parser("dlq", help="list, show or replay dead letters")
-    actions = dlq.add_subparsers(dest="action", required=True)
-    listing = actions.add_parser("list", help="one line per dead letter, without removing any")
-    show = actions.add_parser("show", help="every copy of one message, whole")
-    again = actions.add_parser("replay", help="back to the work queue the DLQ belongs to")
-    gone = actions.add_parser("archive", help="take chosen dead letters out of the DLQ for good")
+    said = "list, show, replay or archive dead letters"
+    dlq = sub.add_parser("dlq", help=said, description=f"{said} (dlq ACTION --help: its flags)")
+    actions = dlq.add_subparsers(dest="action", required=True, help="ACTION --help: its flags")
+
+    def action(name: str, said: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = actions.add_parser(name, help=said, description=said)
+        return parser
+
+    listing = action("list", "one line per dead letter, without removing any")
+    show = action(
+        "show", "every copy of one message, whole: properties, headers, body (times in ISO 8601)"
+    )
+    again = action("replay", "send chosen dead letters back to the work queue the DLQ belongs to")
+    gone = action("archive", ARCHIVE_SAID)
     for parser in (listing, show, again, gone):
         parser.add_argument("queue", help="the work queue, or its dead-letter queue")
         parser.add_argument(
             "--scan", type=int, default=10_000, help="read at most this many dead letters"
         )
-    show.add_argument("message_id")
+    show.add_argument("message_id", help="as published, or as dlq list prints it")
     for parser in (listing, again, gone):
         parser.add_argument("--reason", help="a pattern: max_attempts_exceeded:*")
-        parser.add_argument("--message-id")
+        parser.add_argument("--message-id", help="this message_id only")
         parser.add_argument("--tenant", help="the x-tenant header ('' for none)")
         parser.add_argument("--since", type=since, help="first dead-lettered since: 2h, 7d, ISO")
-        parser.add_argument("--limit", type=int, default=100)
-    again.add_argument("--dry-run", action="store_true", help="say what would be replayed")
+        parser.add_argument("--limit", type=int, default=100, help="at most this many (100)")
+    again.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what a replay would do with each: run, duplicate, dead-lettered again (why)",
+    )
     again.add_argument(
         "--force", action="store_true", help="replay even what is older than retention"
     )
-    gone.add_argument("--yes", action="store_true", help="required: the messages are deleted")
+    gone.add_argument(
+        "--yes",
+        action="store_true",
+        help="required: the messages leave the DLQ (kept in the output)",
+    )
 
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -144,66 +168,10 @@ def _show(queue: str, copies: list[DeadLetter]) -> int:
         print(f"dlq: queue={printable(dead_letter_queue(queue))} no such message_id")
         return 1
     for number, letter in enumerate(copies, 1):
-        message = letter.message
         print(f"copy {number} of {len(copies)}")
-        print("properties:")
-        for name in (
-            "message_id",
-            "content_type",
-            "content_encoding",
-            "correlation_id",
-            "type",
-            "timestamp",
-            "delivery_mode",
-            "priority",
-            "app_id",
-            "user_id",
-            "reply_to",
-            "expiration",
-            "redelivered",
-        ):
-            value = getattr(message, name, None)
-            if value is not None:
-                print(f"  {name}: {printable(str(value))}")
-        print("headers:")
-        for line in _tree(message.headers or {}, "  "):
+        for line in shown(letter):
             print(line)
-        print(f"body ({len(message.body)} bytes):")
-        print(_body(message.body))
     return 0
-
-
-def _tree(headers: Mapping[str, Any], indent: str) -> list[str]:
-    lines: list[str] = []
-    for name in sorted(headers):
-        value = headers[name]
-        if isinstance(value, Mapping):
-            lines.append(f"{indent}{printable(name)}:")
-            lines.extend(_tree(value, indent + "  "))
-        elif isinstance(value, list):
-            lines.append(f"{indent}{printable(name)}:")
-            for item in value:
-                if isinstance(item, Mapping):
-                    lines.append(f"{indent}  -")
-                    lines.extend(_tree(item, indent + "    "))
-                else:
-                    lines.append(f"{indent}  - {_scalar(item)}")
-        else:
-            lines.append(f"{indent}{printable(name)}: {_scalar(value)}")
-    return lines
-
-
-def _scalar(value: object) -> str:
-    if isinstance(value, bytes | bytearray):
-        return f"(bytes, not UTF-8) {printable(value)}"
-    return printable(str(value))
-
-
-def _body(body: bytes) -> str:
-    try:
-        return printable(json.dumps(json.loads(body), indent=2, ensure_ascii=False))
-    except (ValueError, RecursionError):  # RecursionError: `json_too_deep`, say
-        return printable(body)
 
 
 async def _replay(
@@ -213,10 +181,11 @@ async def _replay(
     settings: Settings,
 ) -> int:
     def report(done: Replayed) -> None:
+        again = f" again={printable(done.again)}" if done.again else ""
         why = f" {printable(done.why)}" if done.why else ""
         print(
             f"{done.outcome:<13} message_id={printable(done.letter.message_id)}"
-            f" reason={printable(done.letter.reason)}{why}",
+            f" reason={printable(done.letter.reason)}{again}{why}",
             flush=True,
         )
 
@@ -232,6 +201,7 @@ async def _replay(
             most=args.scan,
             report=report,
             claims=None if conn is None else database_claims(conn, settings.database.schema),
+            max_body_bytes=settings.worker.max_body_bytes,
         )
     finally:
         if conn is not None:
@@ -272,19 +242,20 @@ async def _archive(
     connection: aio_pika.abc.AbstractConnection, queue: str, args: argparse.Namespace
 ) -> int:
     if not args.yes:
-        print("idempotent-workers: dlq archive deletes the messages it takes: add --yes")
+        print(
+            "idempotent-workers: dlq archive takes the messages out of the DLQ, kept only in"
+            " what it prints: add --yes",
+            file=sys.stderr,
+        )
         return 2
 
     async def keep(letter: DeadLetter) -> None:
-        print(
-            f"archived      message_id={printable(letter.message_id)}"
-            f" reason={printable(letter.reason)} body={printable(letter.message.body)}",
-            flush=True,
-        )
+        print(archived_record(letter), flush=True)  # kept before archive() acks it
 
     summary = await archive(connection, queue, _selection(args), most=args.scan, keep=keep)
     print(
         f"dlq: queue={printable(summary.dlq)} held={summary.held} read={summary.read}"
-        f" archived={summary.archived}"
+        f" archived={summary.archived} (one JSON line each on standard output)",
+        file=sys.stderr,
     )
     return 0

@@ -39,10 +39,11 @@ from dedupe import DedupeKey, KeyRecord, look_up
 
 def register(sub: Any) -> None:
     """Add `inspect` to the CLI's subcommands."""
-    parser = sub.add_parser("inspect", help="claim, ledger, outbox rows and dead letters of a key")
+    said = "what happened to one message: its claim, ledger, outbox rows and dead letters"
+    parser = sub.add_parser("inspect", help=said, description=said)
     parser.add_argument("consumer", help="the consumer (its queue's name)")
-    parser.add_argument("message_id")
-    parser.add_argument("--tenant", default="")
+    parser.add_argument("message_id", help="as published, or as dlq list prints it")
+    parser.add_argument("--tenant", default="", help="the x-tenant header (default: none)")
     parser.add_argument("--no-dlq", action="store_true", help="do not read the dead-letter queue")
     parser.add_argument("--scan", type=int, default=10_000, help="dead letters read at most")
 

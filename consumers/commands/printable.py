@@ -5,7 +5,9 @@ ANSI escape sequence in one can clear the screen, retitle the window, hide a
 line or fake one; a NUL cuts a line short in some tools; a right-to-left
 override reverses what follows. `printable()` writes every such character as
 a Python escape (`\\x1b`, `\\x00`, `\\u202e`) and a backslash as `\\\\`, so what
-is printed reads back to exactly what was received.
+is printed reads back to exactly what was received. With `keep_lines`, a
+newline and a tab stay as they are (a body's lines, `dlq show`): a terminal
+moves on a line or a column for them, and acts on nothing else.
 """
 
 from __future__ import annotations
@@ -34,11 +36,20 @@ def _escape(char: str) -> str:
     return char
 
 
-def printable(value: str | bytes | bytearray | None) -> str:
-    """`value` with every control or invisible character escaped; bytes not UTF-8 as `\\xNN`."""
+def is_safe(char: str) -> bool:
+    """Whether a terminal shows `char` as itself: no control, format or invisible character."""
+    return char == "\\" or _escape(char) == char
+
+
+def printable(value: str | bytes | bytearray | None, *, keep_lines: bool = False) -> str:
+    """`value` with every control or invisible character escaped; bytes not UTF-8 as `\\xNN`.
+
+    `keep_lines`: newlines and tabs are kept as they are."""
     if value is None:
         return "-"
     text = value if isinstance(value, str) else bytes(value).decode("utf-8", "surrogateescape")
     if text.isprintable() and "\\" not in text:
         return text
+    if keep_lines:
+        return "".join(char if char in "\n\t" else _escape(char) for char in text)
     return "".join(_escape(char) for char in text)

@@ -9,14 +9,17 @@ For each dead letter read (in queue order), in this order:
 4. first dead-lettered longer ago than retention               refused unless `--force`: its
                                                                claim may be deleted, so a replay
                                                                could apply it a second time
-5. `--dry-run`: its key claimed with this body's fingerprint   would_be_duplicate: a replay
-                                                               would be acked as a duplicate
-6. `--dry-run`, otherwise                                      would_replay
-7. republished to the work queue, confirmed, then acked        replayed
+5. `--dry-run`: what the worker would do with the copy          would_dead_letter_again (with
+   (`consumers.commands.dry_run`, the worker's own decode and   `again`, the reason: invalid_json,
+   job parser): dead-letter it again                            message_id_reused...)
+                     ack it as a duplicate (its key claimed     would_be_duplicate
+                     with this body's fingerprint)
+                     run it                                     would_replay
+6. republished to the work queue, confirmed, then acked        replayed
 
 `dlq replay` and the console's replay button both call `replay()`: one path,
 two faces. Step 5 asks `Claims` (the database) once for every selected key;
-without one, a dry run says would_replay for both.
+without one, a dry run cannot tell a duplicate or a reused id from a run.
 
 The target is always the work queue named by the command (`orders` for
 `orders.dlq`), never the message's `x-original-queue` header, which anyone
@@ -34,28 +37,23 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Protocol
 
 import aio_pika
 
+from consumers.commands.copies import replayed_copy
 from consumers.commands.deadletters import (
     DeadLetter,
     NoSuchQueue,
     read_dead_letters,
     undecodable_header,
 )
+from consumers.commands.dry_run import Fate, Foretold, decoded, judged
 from consumers.handlers.retry import dead_letter_queue
-from consumers.message.envelope import ATTEMPT_HEADER, REASON_HEADER, is_text
-from consumers.pipeline.settle import ERROR_HEADER, QUEUE_HEADER
+from consumers.message.envelope import Envelope, is_text
+from consumers.settings import MAX_BODY_BYTES
 from consumers.telemetry.tracing import Span, SpanKind, tracing
 from dedupe import ClaimRow, DbConnection, claims, fingerprint
-
-# The framework's own headers, set again if the message fails again; the
-# first dead-letter date (x-dead-lettered-at) is kept on purpose.
-_DROPPED_HEADERS = frozenset(
-    {REASON_HEADER, ERROR_HEADER, ATTEMPT_HEADER, QUEUE_HEADER, "x-death", "x-delivery-count"}
-)
-_DROPPED_PREFIXES = ("x-first-death-", "x-last-death-")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +85,7 @@ class Outcome(StrEnum):
     REPLAYED = "replayed"
     WOULD_REPLAY = "would_replay"
     WOULD_BE_DUPLICATE = "would_be_duplicate"
+    WOULD_DEAD_LETTER_AGAIN = "would_dead_letter_again"
     SKIPPED = "skipped"
     REFUSED = "refused"
 
@@ -96,6 +95,7 @@ class Replayed:
     letter: DeadLetter
     outcome: Outcome
     why: str = ""
+    again: str = ""  # would_dead_letter_again: the reason it would be dead-lettered with
 
 
 class Claims(Protocol):
@@ -137,8 +137,11 @@ async def replay(
     most: int,
     report: Callable[[Replayed], None],
     claims: Claims | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> ReplaySummary:
-    """Replay what `selection` picks from `queue`'s DLQ into `queue`; report each outcome."""
+    """Replay what `selection` picks from `queue`'s DLQ into `queue`; report each outcome.
+
+    `max_body_bytes`: the workers' IW_MAX_BODY_BYTES, for a dry run's decode."""
     dlq = dead_letter_queue(queue)
     publishing = await connection.channel(publisher_confirms=True)
     try:
@@ -151,11 +154,18 @@ async def replay(
         letters, held = await read_dead_letters(reading, dlq, most=most)
         now = datetime.datetime.now(datetime.UTC)
         chosen = [letter for letter in letters if selection.matches(letter)][: selection.limit]
-        claimed: Mapping[tuple[str, str], ClaimRow] = {}
-        if dry_run and claims is not None:
-            keys = sorted({(x.tenant, x.message_id) for x in chosen if x.message_id is not None})
-            claimed = await claims(queue, keys)
-        for letter in chosen:
+        foreseen = [
+            decoded(
+                replayed_copy(letter.message),
+                consumer=queue,
+                dead_lettered_as=letter.reason,
+                max_body_bytes=max_body_bytes,
+            )
+            for letter in (chosen if dry_run else [])
+        ]
+        keys = sorted({(e.tenant, e.message_id) for e in foreseen if isinstance(e, Envelope)})
+        claimed = await claims(queue, keys) if claims is not None and keys else {}
+        for n, letter in enumerate(chosen):
             done = await _replay_one(
                 publishing,
                 queue,
@@ -166,7 +176,7 @@ async def replay(
                 dry_run=dry_run,
             )
             if done.outcome is Outcome.WOULD_REPLAY:
-                done = _judged(done, claimed)
+                done = _foretold(done, foreseen[n], claimed)
             counts[done.outcome] += 1
             report(done)
     finally:
@@ -219,7 +229,7 @@ async def _replay_one(
         )
     if dry_run:
         return Replayed(letter=letter, outcome=Outcome.WOULD_REPLAY)
-    copy = _copy(message)
+    copy = replayed_copy(message)
     span = _replay_span(queue, letter, copy)
     try:
         await channel.default_exchange.publish(copy, routing_key=queue, mandatory=True)
@@ -234,27 +244,26 @@ async def _replay_one(
     return Replayed(letter=letter, outcome=Outcome.REPLAYED)
 
 
-def _judged(done: Replayed, claimed: Mapping[tuple[str, str], ClaimRow]) -> Replayed:
-    """A dry run's would_replay, told apart by the claim: a no-op, or a reused id."""
-    letter = done.letter
-    claim = claimed.get((letter.tenant, letter.message_id or ""))
-    if claim is None:
-        return done
-    when = claim.processed_at.isoformat(timespec="seconds")
-    if same_body(claim, letter.message.body):
+def _foretold(
+    done: Replayed,
+    seen: Envelope | Foretold,
+    claimed: Mapping[tuple[str, str], ClaimRow],
+) -> Replayed:
+    """A dry run's would_replay, told apart by what the worker would do with the copy."""
+    if isinstance(seen, Foretold):
+        told = seen
+    else:
+        told = judged(seen, claimed.get((seen.tenant, seen.message_id)))
+    if told.fate is Fate.DEAD_LETTER:
         return Replayed(
-            letter=letter,
-            outcome=Outcome.WOULD_BE_DUPLICATE,
-            why=f"already processed at {when}: a replay would be a no-op",
+            letter=done.letter,
+            outcome=Outcome.WOULD_DEAD_LETTER_AGAIN,
+            why=told.why,
+            again=told.reason,
         )
-    return Replayed(
-        letter=letter,
-        outcome=Outcome.WOULD_REPLAY,
-        why=(
-            f"claimed at {when} for another body: dead-lettered again as message_id_reused,"
-            " unless the consumer's own fingerprint ignores the difference"
-        ),
-    )
+    if told.fate is Fate.DUPLICATE:
+        return Replayed(letter=done.letter, outcome=Outcome.WOULD_BE_DUPLICATE, why=told.why)
+    return done
 
 
 def same_body(claim: ClaimRow, body: bytes) -> bool:
@@ -287,22 +296,3 @@ def _replay_span(queue: str, letter: DeadLetter, copy: aio_pika.Message) -> Span
     )
     copy.headers = {**(copy.headers or {}), **traces.headers(span)}
     return span
-
-
-def _copy(message: aio_pika.abc.AbstractIncomingMessage) -> aio_pika.Message:
-    headers: dict[str, Any] = {
-        name: value
-        for name, value in (message.headers or {}).items()
-        if name not in _DROPPED_HEADERS and not name.startswith(_DROPPED_PREFIXES)
-    }
-    return aio_pika.Message(
-        message.body,
-        headers=headers,
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        message_id=message.message_id,
-        correlation_id=message.correlation_id,
-        type=message.type,
-        timestamp=message.timestamp,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-    )

@@ -64,7 +64,7 @@ from consumers.effects.quota import FleetQuotas
 from consumers.effects.sending import CHUNK_TARGETS, Fanout, JobProgress
 from consumers.handlers.faults import CrashPoint, Faults
 from consumers.handlers.spec import HandlerSpec
-from consumers.jobs.kind import InvalidJob
+from consumers.jobs.kind import InvalidJob, invalid_job_reason
 from consumers.message.verdict import DUPLICATE, Verdict, dead, error_text, retry
 from consumers.pipeline.acks import AckWindow
 from consumers.pipeline.database_loss import (
@@ -161,7 +161,7 @@ class EffectsRunner:
             try:
                 jobs[item] = self.kind.parse(item.envelope.body)
             except InvalidJob as exc:
-                decided.append((item, dead(f"invalid_{self.kind.name}_job", error=str(exc))))
+                decided.append((item, dead(invalid_job_reason(self.kind.name), error=str(exc))))
         claiming = step(tracing(), "claim", batch, keys=len(jobs))
         try:
             claimed = await self._rerun(partial(self.claims.claim, jobs), size=len(jobs))

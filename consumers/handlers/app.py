@@ -26,8 +26,10 @@ from consumers.handlers.spec import (
 )
 from consumers.jobs.kind import EffectKind
 from consumers.jobs.push import PUSH
+from consumers.jobs.webhook import WebhookKind, webhook_sender
 from consumers.message.decisions import ConfigurationError
 from consumers.message.envelope import Fingerprinter
+from consumers.settings import WebhookSettings
 from dedupe import UnknownOutcome
 
 
@@ -136,6 +138,36 @@ class App:
             retry=retry,
         )
 
+    def webhook_handler(
+        self,
+        queue: str,
+        *,
+        settings: WebhookSettings | None = None,
+        unknown_outcome: UnknownOutcome = UnknownOutcome.RESEND,
+        lease_seconds: float = 30.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        """Send the webhook jobs of `queue` (format: `consumers.jobs.webhook`) to the
+        tenant's endpoints, signed per the Standard Webhooks specification.
+
+        `settings`: the sender's timeouts and connections, the endpoint cache and the
+        http allow-list; None: the worker's `Settings.webhooks` (IW_WEBHOOK_*), whose
+        key (IW_WEBHOOK_SECRETS_KEY) also serves settings given without one. The
+        sender's timeouts and connections come from `settings` given here, or their
+        defaults. A call whose outcome is unknown is sent again with the same
+        webhook-id (RESEND), which the receiver dedupes by; SKIP never sends it again.
+        Retries back off with jitter over `retry`'s tiers, never sooner than a
+        receiver's Retry-After.
+        """
+        self.effect_handler(
+            queue,
+            kind=WebhookKind(settings),
+            provider=webhook_sender(settings),
+            unknown_outcome=unknown_outcome,
+            lease_seconds=lease_seconds,
+            retry=retry,
+        )
+
     def effect_handler(
         self,
         queue: str,
@@ -188,17 +220,3 @@ def _positive(timeout: float | None) -> float | None:
     if timeout is not None and not timeout > 0:
         raise ConfigurationError(f"a handler timeout must be positive, got {timeout!r}")
     return timeout
-
-
-def load_app(target: str) -> App:
-    """Import `module:attribute` and return the App found there."""
-    import importlib
-
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise ConfigurationError(f"expected MODULE:APP, got {target!r}")
-    module = importlib.import_module(module_name)
-    app: Any = getattr(module, attribute, None)
-    if not isinstance(app, App):
-        raise ConfigurationError(f"{target!r} is not an idempotent-workers App")
-    return app

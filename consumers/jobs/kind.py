@@ -45,6 +45,11 @@ class InvalidJob(ValueError):
     """The body is not a job of its kind; the message says which field is wrong."""
 
 
+def invalid_job_reason(name: str) -> str:
+    """The reason a job of the kind `name` that does not parse is dead-lettered with."""
+    return f"invalid_{name}_job"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Recipient:
     """Whom one effect goes to, as its ledger row says.
@@ -96,7 +101,7 @@ class EffectKind(Protocol[J]):
 
 
 # The channels whose addresses are device credentials: shown by their first characters.
-DEVICE_CHANNELS = frozenset({"ios", "android", "web"})
+DEVICE_CHANNELS = frozenset({"ios", "android", "web", "webpush"})
 
 
 def shown_address(channel: str, address: str) -> str:

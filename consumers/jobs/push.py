@@ -1,7 +1,11 @@
 """The push job format: one AMQP message, one notification, one or more devices.
 
     {
-      "targets": [{"platform": "ios", "token": "..."}, {"platform": "android", "token": "..."}],
+      "targets": [
+        {"platform": "ios", "token": "..."},
+        {"platform": "android", "token": "..."},
+        {"platform": "web", "endpoint": "https://...", "keys": {"p256dh": "...", "auth": "..."}}
+      ],
       "notification": {"title": "Shipped", "body": "On its way", "data": {"order": "1042"}},
       "priority": "high",            optional: high | normal
       "ttl_seconds": 3600,           optional
@@ -22,6 +26,13 @@ The rules a job must meet:
 - a token is what APNs' `/3/device/{token}` path carries unchanged and what
   FCM's tokens are made of: RFC 3986 unreserved characters and `:` (APNs'
   own tokens are hex; FCM's letters, digits, `-`, `_` and `:`);
+- a web target is a Web Push subscription as the browser gives it (endpoint and
+  keys), checked by `providers.webpush_subscription` (https, a public host unless
+  `allow_hosts` names it, keys of the right lengths); it becomes a `Target`
+  whose token is the endpoint. A web target with a `token` instead is an FCM
+  web registration token, sent through FCM as before;
+- with a Web Push subscription among the targets, the payload must fit 4,096
+  bytes once encrypted (`providers.webpush_wire`): refused here, with its size;
 - `push_type` goes out as the `apns-push-type` header: printable ASCII;
 - `ttl_seconds` from 0 to `MAX_TTL_SECONDS` (about 68 years).
 """
@@ -29,7 +40,7 @@ The rules a job must meet:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -39,8 +50,10 @@ from consumers.jobs.kind import DeadTarget, InvalidJob, Recipient
 from consumers.message.envelope import loads_json
 from consumers.settings import MAX_BODY_BYTES, Settings
 from dedupe import DbConnection
-from providers import Notification, Platform, Priority, Push, Target
+from providers import Notification, Platform, Priority, Push, Target, WebPushKeys
 from providers.apns_wire import apns_body, payload_limit
+from providers.webpush_subscription import subscription_problem
+from providers.webpush_wire import webpush_payload_problem
 
 MAX_TARGETS = 500  # devices of one job (one AMQP message); more: consumers.publishing.parts
 MAX_AUDIENCE = 100_000  # devices of one send, split into parts (consumers.publishing.parts)
@@ -90,10 +103,13 @@ def push_job_body(
     ttl_seconds: int | None = None,
     push_type: str | None = None,
     collapse_key: str | None = None,
+    allow_hosts: Set[str] = frozenset(),
 ) -> dict[str, Any]:
-    """The JSON body of a push job (publish it with a stable message_id)."""
+    """The JSON body of a push job (publish it with a stable message_id).
+
+    `allow_hosts`: Web Push endpoint hosts the workers allow (tests, demos)."""
     job: dict[str, Any] = {
-        "targets": [{"platform": str(t.platform), "token": t.token} for t in targets],
+        "targets": [target_json(t) for t in targets],
         "notification": {
             k: v
             for k, v in (("title", title), ("body", body), ("data", dict(data or {})))
@@ -108,8 +124,16 @@ def push_job_body(
     ):
         if value is not None:
             job[name] = value
-    parse_push_job(job)  # refuse to build what a worker would dead-letter
+    parse_push_job(job, allow_hosts=allow_hosts)  # refuse what a worker would dead-letter
     return job
+
+
+def target_json(target: Target) -> dict[str, Any]:
+    """A target as a job carries it: a token, or a Web Push subscription's endpoint and keys."""
+    if target.keys is None:
+        return {"platform": str(target.platform), "token": target.token}
+    keys = {"p256dh": target.keys.p256dh, "auth": target.keys.auth}
+    return {"platform": str(target.platform), "endpoint": target.token, "keys": keys}
 
 
 def apns_payload_problem(job: PushJob) -> str | None:
@@ -143,33 +167,31 @@ def devices_named(body: bytes, *, max_body_bytes: int) -> int:
     return max(1, len(targets)) if isinstance(targets, list) else 1
 
 
-def parse_push_job(body: Mapping[str, Any], *, max_targets: int = MAX_TARGETS) -> PushJob:
+def parse_push_job(
+    body: Mapping[str, Any],
+    *,
+    max_targets: int = MAX_TARGETS,
+    allow_hosts: Set[str] = frozenset(),
+) -> PushJob:
     """Parse and validate a push job body; raise `InvalidPushJob` saying what is wrong.
 
-    `max_targets`: MAX_TARGETS for one job, MAX_AUDIENCE for a send split into parts."""
+    `max_targets`: MAX_TARGETS for one job, MAX_AUDIENCE for a send split into parts.
+    `allow_hosts`: Web Push endpoint hosts exempt from the public-host rule
+    (`WorkerSettings.webpush_allow_hosts`; empty in production)."""
     raw_targets = body.get("targets")
     if not isinstance(raw_targets, list) or not raw_targets:
         raise InvalidPushJob("targets: a non-empty list is required")
     if len(raw_targets) > max_targets:
         raise InvalidPushJob(f"targets: at most {max_targets}")
     targets: list[Target] = []
-    seen: set[Target] = set()
+    seen: dict[tuple[Platform, str], Target] = {}
     for n, raw in enumerate(raw_targets):
-        if not isinstance(raw, dict):
-            raise InvalidPushJob(f"targets[{n}]: an object is required")
-        try:
-            platform = Platform(str(raw.get("platform")))
-        except ValueError:
-            raise InvalidPushJob(f"targets[{n}].platform: one of ios, android, web") from None
-        token = raw.get("token")
-        if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
-            raise InvalidPushJob(f"targets[{n}].token: 1 to {MAX_TOKEN_CHARS} characters")
-        if not _TOKEN.fullmatch(token):
-            raise InvalidPushJob(f"targets[{n}].token: letters, digits and -._~:")
-        target = Target(platform=platform, token=token)
-        if target not in seen:  # one device twice in a job gets one push
-            seen.add(target)
+        target = _target(n, raw, allow_hosts)
+        first = seen.setdefault((target.platform, target.token), target)
+        if first is target:  # one device twice in a job gets one push
             targets.append(target)
+        elif first != target:
+            raise InvalidPushJob(f"targets[{n}]: the same endpoint as before, with other keys")
     raw_note = body.get("notification", {})
     if not isinstance(raw_note, dict):
         raise InvalidPushJob("notification: an object is required")
@@ -203,7 +225,7 @@ def parse_push_job(body: Mapping[str, Any], *, max_targets: int = MAX_TARGETS) -
     push_type = body.get("push_type")
     if push_type is not None and not _HEADER_TEXT.fullmatch(push_type):
         raise InvalidPushJob("push_type: printable ASCII (it is the apns-push-type header)")
-    return PushJob(
+    job = PushJob(
         targets=tuple(targets),
         notification=Notification(title=title, body=text, data=data),
         priority=None if priority is None else Priority(priority),
@@ -211,6 +233,38 @@ def parse_push_job(body: Mapping[str, Any], *, max_targets: int = MAX_TARGETS) -
         push_type=body.get("push_type"),
         collapse_key=body.get("collapse_key"),
     )
+    web = next((t for t in job.targets if t.is_webpush), None)
+    if web is not None and (problem := webpush_payload_problem(job.push_for(web))) is not None:
+        raise InvalidPushJob(f"notification: {problem}")
+    return job
+
+
+def _target(n: int, raw: object, allow_hosts: Set[str]) -> Target:
+    """targets[n] of a job: a device token, or a Web Push subscription."""
+    if not isinstance(raw, dict):
+        raise InvalidPushJob(f"targets[{n}]: an object is required")
+    try:
+        platform = Platform(str(raw.get("platform")))
+    except ValueError:
+        raise InvalidPushJob(f"targets[{n}].platform: one of ios, android, web") from None
+    if platform is Platform.WEB and "token" in raw and ("endpoint" in raw or "keys" in raw):
+        raise InvalidPushJob(
+            f"targets[{n}]: a web target has a token (FCM) or an endpoint and keys, not both"
+        )
+    if platform is Platform.WEB and "token" not in raw:
+        endpoint, keys = raw.get("endpoint"), raw.get("keys")
+        problem = subscription_problem(endpoint, keys, allow_hosts=allow_hosts)
+        if problem is not None:
+            raise InvalidPushJob(f"targets[{n}].{problem}")
+        assert isinstance(endpoint, str) and isinstance(keys, dict)
+        web_keys = WebPushKeys(p256dh=keys["p256dh"], auth=keys["auth"])
+        return Target(platform=platform, token=endpoint, keys=web_keys)
+    token = raw.get("token")
+    if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
+        raise InvalidPushJob(f"targets[{n}].token: 1 to {MAX_TOKEN_CHARS} characters")
+    if not _TOKEN.fullmatch(token):
+        raise InvalidPushJob(f"targets[{n}].token: letters, digits and -._~:")
+    return Target(platform=platform, token=token)
 
 
 def _no_nul(value: str | None, field: str) -> None:
@@ -219,15 +273,22 @@ def _no_nul(value: str | None, field: str) -> None:
 
 
 class PushKind:
-    """Push jobs as the send ledger's runner reads them (`consumers.jobs.kind`)."""
+    """Push jobs as the send ledger's runner reads them (`consumers.jobs.kind`).
+
+    A device's channel is its platform, or `webpush` for a Web Push subscription
+    (`providers.Target.channel`); bound to a worker, the kind allows the Web Push
+    hosts its settings allow (`WorkerSettings.webpush_allow_hosts`)."""
 
     name = "push"
 
+    def __init__(self, *, allow_hosts: frozenset[str] = frozenset()) -> None:
+        self.allow_hosts = allow_hosts
+
     def bound(self, pool: asyncpg.Pool, settings: Settings) -> Self:
-        return self
+        return type(self)(allow_hosts=settings.worker.webpush_allow_hosts)
 
     def parse(self, body: Mapping[str, Any]) -> PushJob:
-        return parse_push_job(body)
+        return parse_push_job(body, allow_hosts=self.allow_hosts)
 
     def weigh(self, body: bytes, *, max_body_bytes: int) -> int:
         return devices_named(body, max_body_bytes=max_body_bytes)
@@ -239,8 +300,7 @@ class PushKind:
         self, tx: DbConnection, jobs: Sequence[tuple[str, PushJob]]
     ) -> list[list[Recipient]]:
         return [
-            [Recipient(channel=str(t.platform), address=t.token) for t in job.targets]
-            for _, job in jobs
+            [Recipient(channel=t.channel, address=t.token) for t in job.targets] for _, job in jobs
         ]
 
     async def effect(self, job: PushJob, index: int, recipient: Recipient) -> Push:

@@ -25,12 +25,12 @@ of every part.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
 from consumers.handlers.retry import bulk_lane
-from consumers.jobs.push import MAX_AUDIENCE, InvalidPushJob, parse_push_job
+from consumers.jobs.push import MAX_AUDIENCE, InvalidPushJob, parse_push_job, target_json
 from consumers.publishing.publisher import Publisher
 from dedupe import PART_TARGETS, part_message_ids
 
@@ -46,12 +46,15 @@ class JobPart:
     body: Mapping[str, Any]
 
 
-def push_job_parts(message_id: str, body: Mapping[str, Any]) -> list[JobPart]:
+def push_job_parts(
+    message_id: str, body: Mapping[str, Any], *, allow_hosts: Set[str] = frozenset()
+) -> list[JobPart]:
     """The parts of a send of up to MAX_AUDIENCE devices, in target order.
 
     Raises `InvalidPushJob` for a body no worker would attempt, or a message_id
-    with no room left for a part's suffix."""
-    job = parse_push_job(body, max_targets=MAX_AUDIENCE)  # repeated devices fold here
+    with no room left for a part's suffix. `allow_hosts`: as `parse_push_job`'s."""
+    # repeated devices fold here
+    job = parse_push_job(body, max_targets=MAX_AUDIENCE, allow_hosts=allow_hosts)
     ids = part_message_ids(message_id, len(job.targets))
     if len(ids) == 1:
         return [JobPart(message_id=message_id, body=body)]
@@ -61,7 +64,7 @@ def push_job_parts(message_id: str, body: Mapping[str, Any]) -> list[JobPart]:
             f" for a send to more than {PART_TARGETS} devices"
         )
     rest = {name: value for name, value in body.items() if name != "targets"}
-    targets = [{"platform": str(t.platform), "token": t.token} for t in job.targets]
+    targets = [target_json(t) for t in job.targets]
     return [
         JobPart(
             message_id=part_id,
@@ -78,13 +81,14 @@ async def publish_push_job(
     *,
     message_id: str,
     tenant: str = "",
+    allow_hosts: Set[str] = frozenset(),
 ) -> int:
     """Publish a send of up to MAX_AUDIENCE devices as its parts (to the bulk lane when
     there are several); return how many.
 
     Returns once the broker confirmed every part; raises the first PublisherError
     otherwise (publish again with the same message_id: the parts are the same)."""
-    parts = push_job_parts(message_id, body)
+    parts = push_job_parts(message_id, body, allow_hosts=allow_hosts)
     lane = queue if len(parts) == 1 else bulk_lane(queue)
     await asyncio.gather(
         *(

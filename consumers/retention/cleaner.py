@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from consumers.handlers.app import load_app
+from consumers.handlers.loading import load_app
 from consumers.handlers.retry import RetryPolicy
 from consumers.retention.retry_horizon import check_retention, retention_need
 from consumers.settings import Settings
@@ -31,13 +31,22 @@ log = structlog.get_logger(__name__)
 
 def register(sub: Any) -> None:
     """Add `cleanup` to the CLI's subcommands."""
-    clean = sub.add_parser("cleanup", help="delete dedupe rows past retention, in batches")
+    said = "delete dedupe rows past retention, in batches, one cleaner per schema at a time"
+    clean = sub.add_parser("cleanup", help=said, description=said)
     clean.add_argument(
         "--keep-days", type=float, default=None, help="default: IW_RETENTION_DAYS (7)"
     )
-    clean.add_argument("--batch-size", type=int, default=None, help="default: IW_CLEANUP_BATCH")
+    clean.add_argument(
+        "--batch-size", type=int, default=None, help="rows a transaction (IW_CLEANUP_BATCH)"
+    )
     clean.add_argument(
         "--app", metavar="MODULE:APP", help="check --keep-days against this app's retry policies"
+    )
+    clean.add_argument(
+        "--app-dir",
+        default=".",
+        metavar="DIR",
+        help="look for --app's module in DIR first (default: the working directory)",
     )
     clean.add_argument(
         "--wait", action="store_true", help="wait for a running cleaner instead of exiting"
@@ -47,7 +56,7 @@ def register(sub: Any) -> None:
 async def run(args: argparse.Namespace, settings: Settings) -> int:
     keep_days = settings.retention.keep_days if args.keep_days is None else args.keep_days
     keep = timedelta(days=keep_days)
-    specs = load_app(args.app).specs if args.app else {}
+    specs = load_app(args.app, app_dir=args.app_dir).specs if args.app else {}
     need = retention_need(specs, settings.retention, RetryPolicy())
     check_retention(keep, need, setting="--keep-days")
     retention = Retention(

@@ -11,7 +11,9 @@
    A start a service failed exits EXIT_START_FAILED (3: a restart may cure
    it) with one `start_failed` line (`consumers.telemetry.failed_start`, as
    `relay` and `serve` do); one the configuration refuses (a queue that
-   exists with other arguments) exits EXIT_CONFIG (78) with one such line.
+   exists with other arguments) exits EXIT_CONFIG (78) with one such line,
+   as does a MODULE:APP that gives no App (said by the CLI, which catches
+   `AppNotLoaded`: `consumers.telemetry.failed_start.app_not_loaded`).
 
 Under a supervisor (`run --processes N`) the same runs in each child, without
 a port of its own: its metrics and health go to the supervisor through
@@ -27,7 +29,8 @@ import structlog
 
 from consumers.broker.conflicts import TopologyConflict
 from consumers.effects.lease import LeaseTooShort
-from consumers.handlers.app import load_app
+from consumers.handlers.loading import load_app
+from consumers.message.decisions import ConfigurationError
 from consumers.retention.cleaner import clean_periodically
 from consumers.retention.retry_horizon import check_retention, retention_need
 from consumers.runtime.collector import collect_less, freeze_started
@@ -36,23 +39,23 @@ from consumers.runtime.watchdog import Watchdog
 from consumers.runtime.worker import Worker
 from consumers.settings import Settings
 from consumers.telemetry.endpoint import Endpoint
-from consumers.telemetry.failed_start import START_FAILURES, start_failed
+from consumers.telemetry.failed_start import EXIT_CONFIG, START_FAILURES, start_failed
 from consumers.telemetry.health import Heartbeat
 from consumers.telemetry.metrics import DedupeCollector
 from dedupe import TableStats
 
 log = structlog.get_logger(__name__)
 
-# A start refused by the configuration (a queue that exists with other
-# arguments, a push lease under which no send could start): EX_CONFIG of
-# sysexits.h; restarting cannot cure it, so a supervisor does not restart such
-# a child and exits with it.
-EXIT_CONFIG = 78
 SCRAPE_READ_SECONDS = 3.0  # how long a scrape waits for the dedupe table's figures
 
 
-async def run_process(target: str, settings: Settings) -> int:
-    app = load_app(target)
+async def run_process(target: str, settings: Settings, *, app_dir: str = ".") -> int:
+    """Run `target`'s handlers until SIGTERM; its exit status (see above).
+
+    Raises `AppNotLoaded` when `target`, searched in `app_dir` first, gives no
+    App: the CLI says so in one `start_failed` line and exits EXIT_CONFIG.
+    """
+    app = load_app(target, app_dir=app_dir)
     # Before anything starts: a retention the retry policies outlive is refused.
     check_retention(
         settings.retention.keep, retention_need(app.specs, settings.retention, app.retry)
@@ -107,6 +110,16 @@ async def run_process(target: str, settings: Settings) -> int:
                 log.error(
                     "start_failed",
                     error="commits_not_replicated",
+                    detail=str(refused),
+                    exit_code=EXIT_CONFIG,
+                )
+                return EXIT_CONFIG
+            if isinstance(refused := starting.exception(), ConfigurationError):
+                # A setting the app cannot work without (a webhook queue with no
+                # IW_WEBHOOK_SECRETS_KEY): the line says which.
+                log.error(
+                    "start_failed",
+                    error="configuration",
                     detail=str(refused),
                     exit_code=EXIT_CONFIG,
                 )

@@ -8,9 +8,10 @@ does it:
    (emptied first) or a fresh temporary one (removed at exit). With
    IW_METRICS_PORT set, the supervisor serves /metrics (the children's
    values added up), /healthz and /readyz there (`consumers.telemetry.multiproc`);
-2. N children, each `python -m consumers run MODULE:APP`, with the same
-   environment but no port of their own. They inherit stdout and stderr: a
-   child's last lines before it dies stay in the supervisor's log;
+2. N children, each `python -m consumers run MODULE:APP --app-dir DIR` (the
+   folder made absolute), with the same environment but no port of their
+   own. They inherit stdout and stderr: a child's last lines before it dies
+   stay in the supervisor's log;
 3. SIGTERM or SIGINT: forwarded to every child, which stops consuming,
    commits and acks what it holds, and exits; the supervisor waits for each
    (its grace, IW_SHUTDOWN_GRACE, plus a margin, then SIGKILL: what is left
@@ -41,9 +42,9 @@ from pathlib import Path
 import asyncpg
 import structlog
 
-from consumers.runtime.process import EXIT_CONFIG
 from consumers.settings import Settings
 from consumers.telemetry.endpoint import Endpoint
+from consumers.telemetry.failed_start import EXIT_CONFIG
 from consumers.telemetry.health import BEAT_SECONDS
 from consumers.telemetry.metrics import DedupeCollector
 from consumers.telemetry.multiproc import (
@@ -92,6 +93,7 @@ class Supervisor:
         *,
         policy: RestartPolicy | None = None,
         log_level: str = "info",
+        app_dir: str = ".",
     ) -> None:
         if processes < 1:
             raise ValueError("processes must be at least 1")
@@ -100,6 +102,7 @@ class Supervisor:
         self.settings = settings
         self.policy = policy or RestartPolicy()
         self.log_level = log_level
+        self.app_dir = str(Path(app_dir).resolve())  # the children's, whatever their cwd
         self._children: dict[int, _Child] = {}
         self._exits: asyncio.Queue[tuple[_Child, int]] = asyncio.Queue()
         self._deaths: list[float] = []  # monotonic times of unasked exits
@@ -194,6 +197,8 @@ class Supervisor:
             self.log_level,
             "run",
             self.target,
+            "--app-dir",
+            self.app_dir,
             env=env,
             preexec_fn=_stops_with_parent,
         )

@@ -1,8 +1,10 @@
-"""pytest fixtures for your own tests: `fake_apns` and `fake_fcm`, served on 127.0.0.1.
+"""pytest fixtures for your own tests: `fake_apns`, `fake_fcm`, `fake_webpush` and
+`webhook_receiver`, served on 127.0.0.1.
 
 Load it from a conftest.py with `pytest_plugins = ["providers.fakes.pytest_plugin"]`
 (or `pytest -p providers.fakes.pytest_plugin`); it needs pytest-asyncio.
-Each fixture serves a fresh fake for one test and stops it after:
+Each fixture serves a fresh fake for one test and stops it after (`webhook_receiver`
+needs the `webhooks` extra, the others the `push` extra):
 
     async def test_welcome_push(fake_apns: FakeApns) -> None:
         provider = ApnsProvider(fake_apns.settings())
@@ -13,11 +15,16 @@ Each fixture serves a fresh fake for one test and stops it after:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import pytest_asyncio
 
 from providers.fakes.apns import FakeApns
 from providers.fakes.fcm import FakeFcm
+from providers.fakes.webpush import FakeWebPush
+
+if TYPE_CHECKING:
+    from providers.fakes.webhooks import WebhookReceiver
 
 
 @pytest_asyncio.fixture
@@ -32,3 +39,21 @@ async def fake_fcm() -> AsyncIterator[FakeFcm]:
     """A fake FCM HTTP v1 with OAuth; `fake_fcm.settings()` reaches it."""
     async with FakeFcm() as fake:
         yield fake
+
+
+@pytest_asyncio.fixture
+async def fake_webpush() -> AsyncIterator[FakeWebPush]:
+    """A fake Web Push service (HTTPS with its own CA); `fake_webpush.settings()` reaches it,
+    `fake_webpush.subscribe(name)` makes a browser's subscription."""
+    async with FakeWebPush() as fake:
+        yield fake
+
+
+@pytest_asyncio.fixture
+async def webhook_receiver() -> AsyncIterator[WebhookReceiver]:
+    """A webhook receiver over real HTTP that verifies every delivery with the
+    `standardwebhooks` package; `webhook_receiver.url(path)` reaches it."""
+    from providers.fakes.webhooks import WebhookReceiver  # the webhooks extra's
+
+    async with WebhookReceiver() as receiver:
+        yield receiver

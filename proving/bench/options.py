@@ -84,7 +84,8 @@ class BenchOptions:
     scale: bool = False  # instead: 1 and 2 framework processes beside bare ones
 
 
-def parse(argv: Sequence[str]) -> BenchOptions:
+def bench_parser() -> argparse.ArgumentParser:
+    """The flags of `idempotent-workers bench`."""
     parser = argparse.ArgumentParser(
         prog="idempotent-workers bench",
         description="Throughput and delivery-to-ack latency of our worker beside a bare"
@@ -118,8 +119,15 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         + ", ".join(ALL_VARIANTS)
         + f" (default: {', '.join(DEFAULT_VARIANTS)}; with --long all of them)",
     )
-    parser.add_argument("--prefetch", type=int, default=1000)
-    parser.add_argument("--queue-type", choices=[t.value for t in QueueType], default=None)
+    parser.add_argument(
+        "--prefetch", type=int, default=1000, help="unacked deliveries a channel (default 1000)"
+    )
+    parser.add_argument(
+        "--queue-type",
+        choices=[t.value for t in QueueType],
+        default=None,
+        help="of the bench's queues (default: the worker's, IW_QUEUE_TYPE)",
+    )
     parser.add_argument(
         "--paced-seconds",
         type=float,
@@ -146,7 +154,12 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         default=DEFAULT_LOG_FILE,
         help="where the JSON log lines go, emptied first (default: %(default)s)",
     )
-    parser.add_argument("--loop", choices=[e.value for e in EventLoop], default="asyncio")
+    parser.add_argument(
+        "--loop",
+        choices=[e.value for e in EventLoop],
+        default="asyncio",
+        help="the event loop every variant runs on (default asyncio)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run at most")
     parser.add_argument(
         "--profile",
@@ -166,6 +179,12 @@ def parse(argv: Sequence[str]) -> BenchOptions:
         help="instead of the variants: 1 and 2 framework processes (run --processes 2) beside"
         " 1 and 2 bare aio-pika consumer processes, on one queue; prints the scale: line",
     )
+    return parser
+
+
+def parse(argv: Sequence[str]) -> BenchOptions:
+    """The options of `idempotent-workers bench` from its arguments (exits on a bad one)."""
+    parser = bench_parser()
     argv = list(argv)
     if argv[:1] == ["--"]:  # `idempotent-workers bench -- --messages 5000`
         argv = argv[1:]

@@ -43,15 +43,25 @@ from proving.deadlines import task_stacks
 
 RUN_TASK = "chaos-run"
 
-__all__ = ["Outcome", "main", "run_chaos"]
+__all__ = ["Outcome", "chaos_parser", "main", "run_chaos"]
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="idempotent-workers chaos", description=__doc__)
-    parser.add_argument(
-        "--profile", choices=sorted([*PROFILES, *CLUSTER_PROFILES, *PG_PROFILES]), default="ci"
+def chaos_parser() -> argparse.ArgumentParser:
+    """The flags of `idempotent-workers chaos`."""
+    parser = argparse.ArgumentParser(
+        prog="idempotent-workers chaos",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument(
+        "--profile",
+        choices=sorted([*PROFILES, *CLUSTER_PROFILES, *PG_PROFILES]),
+        default="ci",
+        help="the schedule of faults and the load (default %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=5, help="of the schedule: a run repeats with its seed"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory and logs")
     parser.add_argument(
         "--control",
@@ -151,7 +161,7 @@ def _pg(profile: str, seed: int, keep: bool, *, control: bool) -> int:
 def main(argv: Sequence[str], settings: Settings) -> int:
     """Entry point of `idempotent-workers chaos` (`settings` are not used: see above)."""
     del settings
-    args = _parser().parse_args(list(argv))
+    args = chaos_parser().parse_args(list(argv))
     configure_logging("warning")  # the run's own progress lines are what matters here
     if args.profile in PG_PROFILES:
         return _pg(args.profile, args.seed, args.keep, control=args.control == "async")

@@ -1,9 +1,11 @@
-"""One contract, three providers: what every `Provider` promises its caller.
+"""One contract, four providers: what every `Provider` promises its caller.
 
 The same tests run against `RecordingProvider` (the stub users test with),
-`ApnsProvider` through aioapns to the fake APNs, and `FcmProvider` through
-pyfcm to the fake FCM. A stub that answers differently from the real thing
-would make users' tests lie; this suite is where that would show.
+`ApnsProvider` through aioapns to the fake APNs, `FcmProvider` through
+pyfcm to the fake FCM, and `WebPushProvider` through pywebpush to the fake push
+service (which verifies the VAPID JWT and decrypts every request). A stub
+that answers differently from the real thing would make users' tests lie;
+this suite is where that would show.
 
 The promises: one call is one attempt (exactly one request per send, never
 a resend of its own); a receipt names the provider and its message id; an
@@ -34,9 +36,10 @@ from providers import (
     Target,
     TransientProviderError,
     UnknownOutcomeError,
+    WebPushProvider,
     send_ids,
 )
-from providers.fakes import FakeApns, FakeFcm
+from providers.fakes import FakeApns, FakeFcm, FakeWebPush
 
 TIMEOUT_S = 0.5
 
@@ -56,6 +59,7 @@ class Subject:
     platform: Platform
     script: Callable[[str, Answer], None]
     requests: Callable[[str], int]
+    target: Callable[[str], Target] | None = None  # the device named so, when not a token
 
 
 def _recording() -> Subject:
@@ -102,26 +106,45 @@ def _fcm(fake: FakeFcm) -> Subject:
     )
 
 
-@pytest.fixture(params=["recording", "apns", "fcm"])
+def _webpush(fake: FakeWebPush) -> Subject:
+    scripts = {**FAKE_SCRIPTS, Answer.UNREGISTERED: {"status": 410}}
+    return Subject(
+        provider=WebPushProvider(fake.settings(timeout_seconds=TIMEOUT_S)),
+        platform=Platform.WEB,
+        script=lambda name, answer: fake.script(name, **scripts[answer]),
+        requests=lambda name: len(fake.requests_for(name)),
+        target=lambda name: fake.subscribe(name).target,
+    )
+
+
+@pytest.fixture(params=["recording", "apns", "fcm", "webpush"])
 async def subject(
-    request: pytest.FixtureRequest, fake_apns: FakeApns, fake_fcm: FakeFcm
+    request: pytest.FixtureRequest,
+    fake_apns: FakeApns,
+    fake_fcm: FakeFcm,
+    fake_webpush: FakeWebPush,
 ) -> AsyncIterator[Subject]:
     builders: dict[str, Callable[[], Subject]] = {
         "recording": _recording,
         "apns": lambda: _apns(fake_apns),
         "fcm": lambda: _fcm(fake_fcm),
+        "webpush": lambda: _webpush(fake_webpush),
     }
     made = builders[request.param]()
     yield made
     await made.provider.aclose()
+    assert fake_webpush.refusals == []  # every web request's VAPID and encryption passed
 
 
-def _push(subject: Subject, token: str) -> tuple[Push, SendIds]:
+def _push(subject: Subject, name: str) -> tuple[Push, SendIds]:
+    target = Target(platform=subject.platform, token=name)
+    if subject.target is not None:
+        target = subject.target(name)
     push = Push(
-        target=Target(platform=subject.platform, token=token),
+        target=target,
         notification=Notification(title="Shipped", body="Order 1042", data={"order": "1042"}),
     )
-    return push, send_ids("order-1042-shipped", token)
+    return push, send_ids("order-1042-shipped", target.token)
 
 
 async def test_a_send_is_one_request_and_its_receipt_names_provider_and_message(

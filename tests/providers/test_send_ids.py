@@ -78,3 +78,17 @@ def test_ids_are_fixed_forever() -> None:
 
 def ids_key() -> str:
     return "shipments:acme:order-1042-shipped\0abc"
+
+
+def test_the_webpush_topic_is_the_key_when_it_fits_and_a_hash_of_it_otherwise() -> None:
+    """RFC 8030: at most 32 URL-safe base64 characters. A key that does not fit is
+    hashed, never cut: two keys alike in their first 32 characters get two topics."""
+    fits = "a" * 32
+    assert send_ids(fits, "t").webpush_topic == fits
+    longer, other = "a" * 32 + "-1", "a" * 32 + "-2"
+    topics = {send_ids(k, "t").webpush_topic for k in (fits, longer, other)}
+    assert len(topics) == 3
+    for key in (longer, "order 1042", "order/1042", "ordre-été"):
+        topic = send_ids(key, "t").webpush_topic
+        assert URL_SAFE_B64.fullmatch(topic) and len(topic) == 32
+        assert not key.startswith(topic) and topic not in key  # derived, not truncated
