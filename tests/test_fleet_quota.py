@@ -122,6 +122,20 @@ async def test_three_workers_keep_one_quota_and_a_retry_after_pauses_them_all(
 # --- the bucket's own rules, in one process -----------------------------------
 
 
+def test_the_quotas_are_read_from_the_environment() -> None:
+    assert Settings.from_env({}).quotas.limits == {}
+    given = '{"fcm": 10000, "apns:com.example.app": {"per_second": 50, "burst": 5}}'
+    read = Settings.from_env({"IW_PROVIDER_QUOTAS": given}).quotas.limits
+    assert read == {
+        "fcm": ProviderQuota(per_second=10_000.0),
+        "apns:com.example.app": ProviderQuota(per_second=50.0, burst=5.0),
+    }
+    assert read["fcm"].bucket == 10_000.0  # one second's, by default
+    for wrong in ('{"fcm": "fast"}', "[1]", "{", '{"fcm": {"rate": 1}}', '{"fcm": 0}'):
+        with pytest.raises(ValueError, match=r"IW_PROVIDER_QUOTAS|per_second"):
+            Settings.from_env({"IW_PROVIDER_QUOTAS": wrong})
+
+
 async def test_a_take_grants_the_burst_then_the_rate_and_nothing_while_paused(
     db: DbConnection, schema: str
 ) -> None:
