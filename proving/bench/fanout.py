@@ -2,7 +2,7 @@
 peak RSS.
 
     python -m proving.bench.fanout [--devices 1000 10000 100000] [--latency-ms 20 100]
-        [--platform android ios] [--workers 1 2] [--join-after 0]
+        [--platform android ios] [--workers 1 2] [--join-after 0] [--profile N]
 
 Per run: a fresh schema and queue; one `publish_push_job` (one message_id) of N
 devices of one platform (its parts go to the queue's bulk lane); W worker
@@ -46,6 +46,7 @@ from providers import Platform, Target
 from providers.fakes.apns import ApnsReply, FakeApns
 from providers.fakes.env import fakes_env
 from providers.fakes.fcm import FakeFcm, FcmReply
+from proving.bench.profile import sampled, top
 from proving.deadlines import ANSWER_S, within
 
 RUN_TIMEOUT = 1800.0
@@ -92,6 +93,7 @@ async def one_run(
     workers: int,
     join_after: float,
     work: Path,
+    profile: Path | None = None,
 ) -> str:
     run = Run(settings, platform, latency, work)
     admin = await asyncpg.connect(settings.database.url, timeout=ANSWER_S)
@@ -111,7 +113,11 @@ async def one_run(
                 for _ in range(together):
                     await run.start_worker()
                 await _wait_consuming(settings.amqp.urls[0], run.queue, together)
-                line = await _send(run, admin, apns, fcm, devices, workers, join_after)
+                if profile is None:
+                    line = await _send(run, admin, apns, fcm, devices, workers, join_after)
+                else:  # the first worker, sampled from before the publish to the last device
+                    async with sampled(profile, run.workers[0].pid):
+                        line = await _send(run, admin, apns, fcm, devices, workers, join_after)
             finally:
                 await run.stop_workers()
             return f"{line} load={load:.1f},{os.getloadavg()[0]:.1f} latency_ms={latency * 1000:g}"
@@ -232,6 +238,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 for n in args.devices:
                     took: dict[int, float] = {}
                     for workers in args.workers:
+                        profile = Path(tmp) / "profile.txt" if args.profile else None
                         line = await one_run(
                             settings,
                             Platform(platform),
@@ -240,8 +247,11 @@ async def main_async(args: argparse.Namespace) -> None:
                             workers,
                             args.join_after,
                             Path(tmp),
+                            profile,
                         )
                         print(line, flush=True)
+                        if profile is not None:
+                            print(top([profile], entries=args.profile), flush=True)
                         took[workers] = float(line.split("last_device_s=")[1].split()[0])
                     if len(took) > 1 and min(took) in took:
                         one = took[min(took)]
@@ -267,6 +277,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         default=0.0,
         help="start the workers after the first this many seconds after the publish",
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="sample the first worker with py-spy; print its N largest shares",
     )
     args = parser.parse_args(argv)
     asyncio.run(main_async(args))
