@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Every package the linters read (add a new top-level package here).
 SOURCES := console consumers dedupe ingress providers proving tests
 
-.PHONY: install demo test test-busy check ci lint typecheck imports docs deploy-check bench chaos chaos-cluster chaos-pg clean services wheel fuzz-http
+.PHONY: install demo test test-busy check ci lint typecheck imports docs deploy-check bench bench-steady chaos chaos-cluster chaos-pg clean services wheel fuzz-http
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -69,6 +69,11 @@ deploy-check: install
 # About 5 minutes on 2 cores; `make bench BENCH_ARGS=--long` for the long form.
 bench: install services
 	$(PY) -m consumers bench $(BENCH_ARGS)
+
+# Empty against a week of prefilled generations, on a PostgreSQL of its own:
+# `make bench-steady BENCH_ARGS="--rows 50000000 --repeats 5"` for the goal's size.
+bench-steady: install services
+	$(PY) -m proving.bench.steady $(BENCH_ARGS)
 
 # The send API: new keys and replays as ratios to the same server's trivial endpoint.
 bench-ingress: install services

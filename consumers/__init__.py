@@ -21,6 +21,15 @@ from consumers.handlers.spec import (
     MessageHandler,
     ProviderFactory,
 )
+from consumers.jobs.api import ApiJob, ApiKind, api_job_body, parse_api_job
+from consumers.jobs.email import (
+    EMAIL,
+    EmailJob,
+    EmailKind,
+    InvalidEmailJob,
+    email_job_body,
+    parse_email_job,
+)
 from consumers.jobs.kind import DeadTarget, EffectKind, InvalidJob, Recipient
 from consumers.jobs.push import PUSH, InvalidPushJob, PushJob, parse_push_job, push_job_body
 from consumers.jobs.webhook import (
@@ -76,11 +85,14 @@ from dedupe import UnknownOutcome
 
 __all__ = [
     "ATTEMPT_HEADER",
+    "EMAIL",
     "NO_FAULTS",
     "PUSH",
     "REASON_HEADER",
     "TENANT_HEADER",
     "AmqpSettings",
+    "ApiJob",
+    "ApiKind",
     "App",
     "AppNotLoaded",
     "AppProblem",
@@ -97,10 +109,13 @@ __all__ = [
     "DeadTarget",
     "EffectKind",
     "EffectSpec",
+    "EmailJob",
+    "EmailKind",
     "Envelope",
     "Faults",
     "HandlerDecision",
     "HandlerSpec",
+    "InvalidEmailJob",
     "InvalidJob",
     "InvalidPushJob",
     "InvalidTokenHook",
@@ -137,11 +152,15 @@ __all__ = [
     "WebhookSettings",
     "Worker",
     "WorkerSettings",
+    "api_job_body",
     "bulk_lane",
     "configure_logging",
     "dead_letter_queue",
+    "email_job_body",
     "job_message",
     "load_app",
+    "parse_api_job",
+    "parse_email_job",
     "parse_push_job",
     "parse_webhook_job",
     "publish_push_job",

@@ -129,6 +129,12 @@ class RetentionSettings:
     replay_window_days: float = 3.0
     cleanup_interval_seconds: float | None = None  # `run` cleans up this often; None: never
     cleanup_batch_size: int = 5_000
+    # A generation of claims is current this long; cleanup then rotates (dedupe.generations).
+    generation_hours: float = 24.0
+
+    @property
+    def generation_span(self) -> timedelta:
+        return timedelta(hours=self.generation_hours)
 
     @property
     def keep(self) -> timedelta:
@@ -395,6 +401,7 @@ class Settings:
                     float(env["IW_CLEANUP_INTERVAL"]) if env.get("IW_CLEANUP_INTERVAL") else None
                 ),
                 cleanup_batch_size=int(env.get("IW_CLEANUP_BATCH", "5000")),
+                generation_hours=float(env.get("IW_GENERATION_HOURS", "24")),
             ),
             metrics=MetricsSettings(
                 port=int(port) if port else None,

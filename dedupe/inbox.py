@@ -5,11 +5,17 @@ new (this transaction now owns it), a duplicate (claimed before with the same
 fingerprint) or reused (claimed before with another fingerprint: the client
 reused a message_id for a new intent).
 
-One INSERT ... ON CONFLICT DO NOTHING claims the whole batch, keys in sorted
-order so that two batches sharing keys lock them in the same order and cannot
-deadlock. The unique index decides races between workers: a second claimant
-waits on the index until the first commits, then sees the conflict. Only when
-some key conflicted does a second statement read the stored fingerprints; it
+`processed_messages` is kept in generations (`dedupe.generations`): one
+statement, `claim_messages()` (migration 0012), claims the whole batch: it
+holds the rotation lock shared until our transaction ends, looks every key
+up in the older live generations and inserts the others into the current
+one (ON CONFLICT DO NOTHING), keys in sorted order so that two batches
+sharing keys lock them in the same order and cannot deadlock. The current
+generation's unique index decides races between workers: a second claimant
+waits on the index until the first commits, then sees the conflict; no
+rotation can fall between two claims of one key that both miss each other
+(`dedupe.generations`, 1. and 3.). Only when some key was not inserted does a
+second statement read the stored fingerprints, across the generations; it
 runs in a fresh snapshot, so it sees rows committed while we waited.
 
 A key found claimed may be a commit the primary kept after its wait for the
@@ -63,10 +69,8 @@ class Inbox:
         self.schema = schema
         table = f"{quote_ident(schema)}.processed_messages"
         self._insert = (
-            f"INSERT INTO {table} (consumer, tenant, message_id, fingerprint)"
-            " SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[])"
-            " ON CONFLICT DO NOTHING"
-            " RETURNING consumer, tenant, message_id"
+            f"SELECT * FROM {quote_ident(schema)}.claim_messages("
+            "$1::text[], $2::text[], $3::text[], $4::bytea[])"
         )
         self._select = (
             f"SELECT p.consumer, p.tenant, p.message_id, p.fingerprint FROM {table} p"
@@ -112,21 +116,29 @@ class Inbox:
             if c.key in won:
                 outcomes.append(ClaimOutcome.NEW)
             elif stored.get(c.key, c.fingerprint) == c.fingerprint:
-                # A row deleted by retention between the two statements reads as
-                # a duplicate: it was processed once, long ago.
+                # A generation dropped by retention between the two statements
+                # reads as a duplicate: it was processed once, long ago.
                 outcomes.append(ClaimOutcome.DUPLICATE)
             else:
                 outcomes.append(ClaimOutcome.REUSED)
         return outcomes
 
     async def release(self, tx: DbConnection, keys: Sequence[DedupeKey]) -> None:
-        """Drop claims made in this transaction (a message whose handler failed)."""
+        """Drop claims made in this transaction (a message whose handler failed).
+
+        They are in the current generation: the transaction holds the rotation
+        lock shared since its claim, so no other generation became current.
+        """
         if not keys:
             return
+        q = quote_ident(self.schema)
         await tx.execute(
-            f"DELETE FROM {quote_ident(self.schema)}.processed_messages p"
+            f"DELETE FROM {q}.processed_messages p"
             " USING unnest($1::text[], $2::text[], $3::text[]) AS k(consumer, tenant, message_id)"
-            " WHERE (p.consumer, p.tenant, p.message_id) = (k.consumer, k.tenant, k.message_id)",
+            " WHERE (p.consumer, p.tenant, p.message_id) = (k.consumer, k.tenant, k.message_id)"
+            f" AND p.generation = (SELECT g.generation FROM {q}.dedupe_generations g"
+            "  WHERE g.family = 'processed_messages' AND g.began_at IS NOT NULL"
+            "  AND g.ended_at IS NULL)",
             [k.consumer for k in keys],
             [k.tenant for k in keys],
             [k.message_id for k in keys],

@@ -6,9 +6,11 @@ the first id, or `idempotency_key_reused`. One statement, one round trip,
 and when it runs outside a transaction its own commit:
 
 1. the keys, sorted (two commits sharing keys lock them in one order and
-   cannot deadlock), INSERT ... ON CONFLICT DO NOTHING. The primary key
-   decides a race: the second writer waits until the first commits, then
-   sees the conflict;
+   cannot deadlock), each looked up in the older generations of the keys
+   (`dedupe.generations`: the statement holds the rotation lock shared) and
+   the others INSERT ... ON CONFLICT DO NOTHING into the current one. Its
+   primary key decides a race: the second writer waits until the first
+   commits, then sees the conflict;
 2. for each key written, its message row (`queued`) and its outbox row (the
    push job, message_id derived from the message id, the ingress header
    naming the message), in the same statement, so a key never exists without
@@ -18,7 +20,8 @@ and when it runs outside a transaction its own commit:
 
 A key that conflicted with a writer that committed after that snapshot is
 not seen by step 3: one more SELECT (a fresh snapshot) reads it. A key gone
-even then (retention deleted it in between) is tried again from step 1.
+even then (retention dropped its generation in between) is tried again from
+step 1.
 
 A message is `queued` until a push worker takes it; `take()` (the worker's
 claim transaction) and `cancel()` are compare-and-sets from `queued`, so of a
@@ -138,32 +141,13 @@ class Messages:
         self._messages = f"{q}.ingress_messages"
         self._sends = f"{q}.send_ledger"
         # One row per input row, in input order: (won, stored fingerprint, id): the new
-        # id if won, else the stored fingerprint and id (NULL if the snapshot missed them).
+        # id if won, else the stored fingerprint and id (NULL if the snapshot missed
+        # them). The statement is accept_messages() (migrations 0012, 0021): the keys are
+        # kept in generations (`dedupe.generations`), as the claims are.
         self._accept_sql = (
-            "WITH input AS MATERIALIZED (SELECT *, gen_random_uuid() AS id FROM unnest("
-            "$1::text[], $2::text[], $3::bytea[], $4::text[], $5::int[], $9::text[], $10::text[],"
-            " $11::text[])"
-            " WITH ORDINALITY AS x(tenant, idempotency_key, fingerprint, queue, targets,"
-            " traceparent, tracestate, parts_queue, n)),"
-            f" won AS (INSERT INTO {self._keys} (tenant, idempotency_key, fingerprint, message_id)"
-            "  SELECT tenant, idempotency_key, fingerprint, id FROM input ORDER BY n"
-            "  ON CONFLICT DO NOTHING RETURNING message_id),"
-            f" message AS (INSERT INTO {self._messages} (id, tenant, queue, targets, status)"
-            "  SELECT i.id, i.tenant, i.queue, i.targets, 'queued' FROM input i"
-            "  JOIN won w ON w.message_id = i.id),"
-            f" job AS (INSERT INTO {q}.outbox (queue, tenant, message_id, headers, body)"
-            "  SELECT CASE p.suffix WHEN '' THEN i.queue ELSE i.parts_queue END, i.tenant,"
-            f"   '{JOB_PREFIX}' || i.id || p.suffix,"
-            f"   jsonb_strip_nulls(jsonb_build_object('{INGRESS_HEADER}', i.id::text,"
-            "    'traceparent', i.traceparent, 'tracestate', i.tracestate)), p.body"
-            "  FROM input i JOIN won w ON w.message_id = i.id"
-            "  JOIN unnest($6::bigint[], $7::text[], $8::bytea[]) AS p(n, suffix, body)"
-            "  ON p.n = i.n)"
-            " SELECT w.message_id IS NOT NULL, k.fingerprint, coalesce(w.message_id, k.message_id)"
-            " FROM input i LEFT JOIN won w ON w.message_id = i.id"
-            f" LEFT JOIN LATERAL ({self._key_lookup('i.tenant', 'i.idempotency_key')}"
-            "  AND w.message_id IS NULL LIMIT 1 FOR KEY SHARE) k ON true"
-            " ORDER BY i.n"
+            f"SELECT * FROM {q}.accept_messages($1::text[], $2::text[], $3::bytea[],"
+            " $4::text[], $5::int[], $6::bigint[], $7::text[], $8::bytea[],"
+            f" $9::text[], $10::text[], '{JOB_PREFIX}', '{INGRESS_HEADER}', $11::text[])"
         )
         self._find_keys_sql = (
             "SELECT x.t, x.ik, k.fingerprint, k.message_id"

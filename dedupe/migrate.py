@@ -56,8 +56,11 @@ def _lock_key(schema: str) -> int:
     return zlib.crc32(f"idempotent-workers:{schema}".encode()) | (0x1D3 << 32)
 
 
-async def migrate(conn: DbConnection, schema: str = "public") -> list[int]:
-    """Apply the pending migrations in `schema`; return the versions applied."""
+async def migrate(
+    conn: DbConnection, schema: str = "public", *, upto: int | None = None
+) -> list[int]:
+    """Apply the pending migrations in `schema` (those up to version `upto`, if given);
+    return the versions applied."""
     q = quote_ident(schema)
     applied: list[int] = []
     await conn.execute("SELECT pg_advisory_lock($1)", _lock_key(schema))
@@ -72,7 +75,7 @@ async def migrate(conn: DbConnection, schema: str = "public") -> list[int]:
             r["version"] for r in await conn.fetch(f"SELECT version FROM {q}.schema_migrations")
         }
         for migration in available_migrations():
-            if migration.version in done:
+            if migration.version in done or (upto is not None and migration.version > upto):
                 continue
             async with conn.transaction():
                 await conn.execute(f"SET LOCAL search_path TO {q}")

@@ -1,9 +1,9 @@
-"""Retention: delete dedupe rows older than the longest redelivery window.
+"""Retention: remove dedupe rows older than the longest redelivery window.
 
 A processed_messages row must outlive every copy of its message: a copy
 redelivered after its row is gone would run again. How long that is comes
 from the app's retry policies (`consumers.retention.retry_horizon`, which `run` checks);
-this module only deletes what is older than it is told, like this:
+this module only removes what is older than it is told, like this:
 
 1. One cleaner per schema at a time: a session advisory lock, taken with
    `pg_try_advisory_lock` (a second cleaner raises CleanerBusy at once) or,
@@ -17,16 +17,25 @@ this module only deletes what is older than it is told, like this:
    batch deleted, read through the BRIN index on the time column in the
    heap's order. So a batch reads the block ranges around the cursor, not
    all those earlier batches emptied nor the young rows past the cutoff, and
-   its cost per deleted row does not grow with the table
-   (`python -m proving.bench.cleanup` measures it).
+   its cost per deleted row does not grow with the table.
 4. A run ends with a batch that has no lower time bound and comes back
    short: rows the cursor stepped past (out of time order on disk) are
    deleted then, and no expired row is left behind.
-5. A push job whose sends are not all `sent` or `failed` keeps its claim and
-   those ledger rows until they are.
-6. The send API's idempotency keys go after the same time (a retry later than
-   that makes a new message), and its messages too, unless still `queued`.
-7. An outbox row not yet published is kept whatever its age; published
+5. processed_messages leaves by whole generations (`dedupe.generations`), no
+   DELETE: the next generation is made ahead; the current one is rotated
+   once it is `rotate_every` old (a rotation the claims in flight hold up
+   past its lock timeout is left to the next run); a generation that ended
+   more than `keep` ago is detached and dropped, so the oldest claim lives
+   at least `keep` and at most `keep` + `rotate_every` + the time between
+   two runs. A claim of a push job whose sends are not all `sent` or
+   `failed` is first copied into the current generation, and so outlives
+   its generation (its ledger rows stay, as below).
+6. A push job whose sends are not all `sent` or `failed` keeps those ledger
+   rows until they are.
+7. The send API's idempotency keys leave by generations too, as the claims
+   (a retry later than retention makes a new message); its messages by the
+   batches of 3., unless still `queued`.
+8. An outbox row not yet published is kept whatever its age; published
    ones go by their `created_at`.
 """
 
@@ -34,12 +43,24 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
+import structlog
+
+from dedupe import generations
 from dedupe.connection import DbConnection
 from dedupe.errors import DedupeError
+from dedupe.generations import (
+    INGRESS_KEYS,
+    PROCESSED_MESSAGES,
+    ROTATION_LOCK,
+    RotationBusy,
+    current,
+)
 from dedupe.migrate import quote_ident
+
+log = structlog.get_logger(__name__)
 
 # A batch's rows must come from the BRIN index on the time column, in the
 # heap's order: a sequential scan (the planner's pick for a LIMIT over a range
@@ -64,22 +85,28 @@ class CleanerBusy(DedupeError):
 class Retention:
     keep: timedelta = timedelta(days=7)
     batch_size: int = 5_000
+    rotate_every: timedelta = timedelta(days=1)  # a generation's span (5.)
 
     def __post_init__(self) -> None:
         if self.keep <= timedelta(0):
             raise ValueError("retention must keep rows for a positive time")
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if self.rotate_every <= timedelta(0):
+            raise ValueError("generations must span a positive time")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CleanupResult:
-    processed_messages: int
+    processed_messages: int  # rows of the generations dropped, as the planner estimated them
     send_ledger: int
     batches: int = 0
-    ingress_keys: int = 0
+    ingress_keys: int = 0  # rows of the key generations dropped, as the planner estimated them
     ingress_messages: int = 0
     outbox: int = 0  # published outbox rows
+    generations_dropped: int = 0
+    generation: int = 0  # processed_messages' current generation when cleanup ended
+    rotated: bool = False
 
 
 def _sends_batch(q: str) -> str:
@@ -102,27 +129,6 @@ def _outbox_batch(q: str) -> str:
     )
 
 
-def _claims_batch(q: str) -> str:
-    return (
-        f"WITH gone AS (DELETE FROM {q}.processed_messages WHERE ctid = ANY(ARRAY("
-        f" SELECT ctid FROM {q}.processed_messages p"
-        "  WHERE processed_at >= $1 AND processed_at < $2"
-        f"  AND NOT EXISTS (SELECT 1 FROM {q}.send_ledger o"
-        "   WHERE (o.consumer, o.tenant, o.message_id) = (p.consumer, p.tenant, p.message_id))"
-        "  LIMIT $3)) RETURNING processed_at)"
-        " SELECT count(*)::int AS deleted, min(processed_at) AS oldest FROM gone"
-    )
-
-
-def _ingress_keys_batch(q: str) -> str:
-    return (
-        f"WITH gone AS (DELETE FROM {q}.ingress_idempotency_keys WHERE ctid = ANY(ARRAY("
-        f" SELECT ctid FROM {q}.ingress_idempotency_keys"
-        "  WHERE created_at >= $1 AND created_at < $2 LIMIT $3)) RETURNING created_at)"
-        " SELECT count(*)::int AS deleted, min(created_at) AS oldest FROM gone"
-    )
-
-
 def _ingress_messages_batch(q: str) -> str:
     return (
         f"WITH gone AS (DELETE FROM {q}.ingress_messages WHERE ctid = ANY(ARRAY("
@@ -141,7 +147,7 @@ async def cleanup(
     *,
     wait: bool = False,
 ) -> CleanupResult:
-    """Delete expired rows batch by batch until none is left; return the counts.
+    """Remove expired rows (generations whole, other tables batch by batch); return the counts.
 
     Raises CleanerBusy if another cleaner of `schema` is running (unless `wait`).
     """
@@ -164,12 +170,10 @@ async def _sweep(
 ) -> CleanupResult:
     q = quote_ident(schema)
     cutoff = await conn.fetchval("SELECT now() - $1::interval", retention.keep)
-    counts = {"sends": 0, "outbox": 0, "claims": 0, "keys": 0, "messages": 0, "batches": 0}
+    counts = {"sends": 0, "outbox": 0, "messages": 0, "batches": 0}
     for name, sql in (
         ("sends", _sends_batch(q)),
         ("outbox", _outbox_batch(q)),
-        ("claims", _claims_batch(q)),
-        ("keys", _ingress_keys_batch(q)),
         ("messages", _ingress_messages_batch(q)),
     ):
         cursor = _EPOCH
@@ -192,15 +196,94 @@ async def _sweep(
                 cursor = _EPOCH
             else:
                 break
-    return _result(counts)
+    claims = await _generations(conn, schema, PROCESSED_MESSAGES, retention)
+    keys = await _generations(conn, schema, INGRESS_KEYS, retention)
+    return replace(
+        _result(counts),
+        processed_messages=claims.rows,
+        generations_dropped=claims.dropped,
+        generation=claims.generation,
+        rotated=claims.rotated,
+        ingress_keys=keys.rows,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Swept:
+    rows: int  # estimated
+    dropped: int
+    generation: int
+    rotated: bool
+
+
+async def _generations(
+    conn: DbConnection, schema: str, family: generations.Family, retention: Retention
+) -> _Swept:
+    """Steps 5 and 7: rotate `family` when due, drop its generations past retention."""
+    await generations.make_ahead(conn, schema, family)
+    rotated = False
+    now = await current(conn, schema, family)
+    assert now.began_at is not None
+    age = await conn.fetchval("SELECT now() - $1::timestamptz", now.began_at)
+    if age >= retention.rotate_every:
+        try:
+            await generations.rotate(conn, schema, family)
+        except RotationBusy as busy:
+            log.info("rotation_postponed", schema=schema, table=family.table, reason=str(busy))
+        else:
+            rotated = True
+            await generations.make_ahead(conn, schema, family)
+    rows = 0.0
+    gone = await generations.expired(conn, schema, family, retention.keep)
+    for generation in gone:
+        kept = 0
+        if family is PROCESSED_MESSAGES:
+            kept = await _keep_unsettled_pushes(conn, schema, generation.number)
+        rows += await generations.drop(conn, schema, family, generation.number) - kept
+    return _Swept(
+        rows=round(rows),
+        dropped=len(gone),
+        generation=(await current(conn, schema, family)).number,
+        rotated=rotated,
+    )
+
+
+async def _keep_unsettled_pushes(conn: DbConnection, schema: str, number: int) -> int:
+    """Copy into the current generation the claims of `number` whose push is not settled.
+
+    Returns how many: found by a scan of send_ledger's unsettled rows (it
+    has no index on status), once per generation dropped.
+    """
+    q = quote_ident(schema)
+    async with conn.transaction():
+        # Shared, as a claim holds it: the current generation stays current meanwhile.
+        await conn.execute(f"SELECT pg_advisory_xact_lock_shared({ROTATION_LOCK})", schema)
+        status = await conn.execute(
+            f"INSERT INTO {q}.processed_messages"
+            " (generation, consumer, tenant, message_id, fingerprint, processed_at)"
+            " SELECT g.generation, p.consumer, p.tenant, p.message_id, p.fingerprint,"
+            "  p.processed_at"
+            f" FROM (SELECT DISTINCT consumer, tenant, message_id FROM {q}.send_ledger"
+            "  WHERE status NOT IN ('sent', 'failed')) AS o"
+            # One probe of the generation's primary key per unsettled job, whatever
+            # the planner thinks of the two tables' sizes (LIMIT keeps it a lookup).
+            " CROSS JOIN LATERAL (SELECT * FROM"
+            f"  {q}.{quote_ident(PROCESSED_MESSAGES.partition(number))} x"
+            "  WHERE (x.consumer, x.tenant, x.message_id) = (o.consumer, o.tenant, o.message_id)"
+            "  LIMIT 1) AS p"
+            f" CROSS JOIN (SELECT generation FROM {q}.dedupe_generations"
+            "  WHERE family = $1 AND began_at IS NOT NULL AND ended_at IS NULL) AS g"
+            " ON CONFLICT DO NOTHING",
+            PROCESSED_MESSAGES.table,
+        )
+    return int(status.split()[-1])  # "INSERT 0 n"
 
 
 def _result(counts: dict[str, int]) -> CleanupResult:
     return CleanupResult(
-        processed_messages=counts["claims"],
+        processed_messages=0,
         send_ledger=counts["sends"],
         batches=counts["batches"],
-        ingress_keys=counts["keys"],
         ingress_messages=counts["messages"],
         outbox=counts["outbox"],
     )

@@ -1,8 +1,8 @@
 """The dedupe and outbox tables' figures, read cheaply enough to scrape.
 
 - inbox rows: `pg_class.reltuples`, the planner's estimate (kept by
-  autovacuum's ANALYZE); 0 before the table was first analyzed. `count(*)`
-  would read the whole table.
+  autovacuum's ANALYZE), summed over the generations (`dedupe.generations`);
+  0 for a generation not analyzed yet. `count(*)` would read every one.
 - oldest claim: `processed_at` has only a BRIN index (rows arrive in time
   order), which cannot answer `min()` without reading every range. So a
   0.1% page sample gives an upper bound first, and the BRIN index then
@@ -40,10 +40,9 @@ async def table_stats(conn: DbConnection, schema: str) -> TableStats:
         # or the planner may pick a sequential scan for an unknown bound.
         await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
         rows = await conn.fetchval(
-            "SELECT greatest(c.reltuples, 0)::float8 FROM pg_class c"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = $1 AND c.relname = 'processed_messages'",
-            schema,
+            "SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::float8 FROM pg_inherits i"
+            " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass",
+            inbox,
         )
         bound = await conn.fetchval(
             f"SELECT min(processed_at) FROM {inbox} TABLESAMPLE SYSTEM (0.1)"

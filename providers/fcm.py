@@ -1,51 +1,55 @@
-"""FCM (HTTP v1) through pyfcm, one POST per attempt, from a bounded thread pool.
+"""FCM (HTTP v1): pyfcm builds the message, one aiohttp POST per attempt on the caller's loop.
 
-pyfcm builds the payload and holds the OAuth session; the POST is ours, because
-pyfcm's own send path can send one push twice or never return:
+pyfcm builds the payload (`parse_payload`, the JSON body its `notify` POSTs) and
+resolves the project's endpoint; the POST and the OAuth token are ours, because
+pyfcm's own send paths can send one push twice, never return, or cost a
+millisecond of CPU per push:
 
-- its transport retries 502/503 (and its session any connection error) invisibly,
-  and `send_request` sleeps on Retry-After and POSTs again, forever on a persistent
-  429. Here the session's adapter has `Retry(total=0)` and the POST is made once,
-  with status, FCM error code and Retry-After surfaced.
+- its transport (requests) retries 502/503 (and its session any connection error)
+  invisibly, and `send_request` sleeps on Retry-After and POSTs again, forever on a
+  persistent 429. Here the POST is made once (aiohttp never retries a POST, and no
+  redirect is followed), with status, FCM error code and Retry-After surfaced.
 - a read timeout re-POSTs (a double send). Here it is `UnknownOutcomeError`.
-- it is synchronous (requests) and its async helper fails inside a running loop:
-  sends run in a `ThreadPoolExecutor` of `max_workers` threads.
+- it is synchronous (requests, so one thread per POST in flight) and its async
+  helper (aiohttp, a session per request) fails inside a running loop. Here one
+  aiohttp session on the caller's loop keeps up to `max_connections` keep-alive
+  connections. The threads cost about 1 ms of worker CPU per push, twelve times
+  an APNs send: requests reads the environment for proxies and netrc and stats
+  its CA bundle on every request, and each answer crosses threads and the GIL
+  (issue 56; docs/push.md). aiohttp's C parser costs about a tenth of that.
 - a service-account file is loaded lazily by whichever thread sends first, and
   concurrent first sends race: credentials are built once, here, up front.
 - it fetches an OAuth token per thread: here one token per credential is shared
-  by all threads (`providers.fcm_token`), and a 401 drops it for a fresh one.
+  by every send (`providers.fcm_token`), fetched in a thread off the event loop
+  only when google-auth says it is due, and a 401 drops it for a fresh one.
 
-A send waits in the thread pool's queue before its POST starts; with a
-`deadline`, a POST starts only if its read timeout and at least
-MIN_CONNECT_SECONDS fit before it, and its connect timeout is cut to what is
-left: a POST that connects too late fails (`ConnectTimeout`, nothing sent)
-instead of being answered after the deadline. One that cannot start is not made:
-`NotStartedInTime`, nothing sent. `answer_seconds` (read timeout plus
-MIN_CONNECT_SECONDS) is what a deadline must leave. Our credentials or
-project refused (401, 403 other than SENDER_ID_MISMATCH, an OAuth refresh
-refused) is `ProviderConfigurationError`: no push is at fault.
+A send waits for one of `max_connections` slots (first in, first out) before its
+POST starts; with a `deadline`, a POST starts only if its read timeout and at
+least MIN_CONNECT_SECONDS fit before it, and its connect timeout is cut to what
+is left: a POST that connects too late fails (`ConnectTimeout`, nothing sent)
+instead of being answered after the deadline, and the whole request is bounded
+by the two. One that cannot start is not made: `NotStartedInTime`, nothing sent.
+`answer_seconds` (read timeout plus MIN_CONNECT_SECONDS) is what a deadline must
+leave. Our credentials or project refused (401, 403 other than
+SENDER_ID_MISMATCH, an OAuth refresh refused) is `ProviderConfigurationError`:
+no push is at fault.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import requests
-import structlog
+import aiohttp
 from google.auth.credentials import Credentials
 from google.oauth2 import service_account
 from pyfcm import FCMNotification
 from pyfcm.errors import FCMError
-from requests.adapters import HTTPAdapter
-from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
-from urllib3.util.retry import Retry
 
 from providers.errors import (
     InvalidDeviceToken,
@@ -61,8 +65,6 @@ from providers.ids import SendIds
 from providers.provider import NEITHER, ProviderReceipt
 from providers.push import Priority, Push
 
-log = structlog.get_logger(__name__)
-
 GOOGLE_BASE_URL = "https://fcm.googleapis.com"
 MESSAGING_SCOPE = "https://www.googleapis.com/auth/firebase.messaging"
 INVALID_TOKEN_CODES = frozenset({"UNREGISTERED"})
@@ -77,14 +79,15 @@ MIN_CONNECT_SECONDS = 0.1
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FcmSettings:
     """How to reach FCM: credentials (a google-auth `Credentials`, or a service-account
-    file path), the project (defaults to the credentials' own), and the limits."""
+    file path), the project (defaults to the credentials' own), and the limits:
+    `max_connections` POSTs in flight at once, each on its own keep-alive connection."""
 
     credentials: Credentials | str | Path
     project_id: str | None = None
     base_url: str = GOOGLE_BASE_URL
     timeout_seconds: float = 10.0
     connect_timeout_seconds: float = 3.0
-    max_workers: int = 32
+    max_connections: int = 100
 
 
 class FcmProvider:
@@ -94,6 +97,8 @@ class FcmProvider:
     recovery = NEITHER  # the collapse key is the backstop
 
     def __init__(self, settings: FcmSettings) -> None:
+        if settings.max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
         self.settings = settings
         self.answer_seconds = settings.timeout_seconds + MIN_CONNECT_SECONDS
         credentials = settings.credentials
@@ -102,23 +107,18 @@ class FcmProvider:
             credentials = service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]
                 str(credentials), scopes=[MESSAGING_SCOPE]
             )
-        self._adapter = HTTPAdapter(
-            max_retries=Retry(total=0, read=False, respect_retry_after_header=False),
-            pool_connections=1,
-            pool_maxsize=settings.max_workers,
-        )
-        self._fcm = FCMNotification(
-            credentials=credentials, project_id=settings.project_id, adapter=self._adapter
-        )
+        self._fcm = FCMNotification(credentials=credentials, project_id=settings.project_id)
         self._fcm.FCM_END_POINT_BASE = settings.base_url.rstrip("/") + "/v1/projects"
         self.token = FcmAccessToken(credentials, provider=self.name)
-        self._sessions = threading.local()
-        self._executor = ThreadPoolExecutor(settings.max_workers, thread_name_prefix="fcm-send")
+        self._slots = asyncio.Semaphore(settings.max_connections)
+        self._session: aiohttp.ClientSession | None = None  # made on the loop, at first use
+        self._sending = 0
+        self._drained: asyncio.Event | None = None
         self._closed = False
 
     @property
     def max_in_flight(self) -> int:
-        return self.settings.max_workers
+        return self.settings.max_connections
 
     async def send(
         self, push: Push, ids: SendIds, *, deadline: float | None = None
@@ -129,16 +129,25 @@ class FcmProvider:
         if time.monotonic() > answer_by - self.answer_seconds:
             raise NotStartedInTime("DeadlineBeforeStart", provider=self.name)
         payload = self._payload(push, ids)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._post, payload, answer_by)
+        self._sending += 1
+        try:
+            async with self._slots:
+                return await self._post(payload, answer_by)
+        finally:
+            self._sending -= 1
+            if self._drained is not None and not self._sending:
+                self._drained.set()
 
     async def aclose(self) -> None:
-        """Stop taking sends, wait for the ones in flight (each bounded by its timeout)."""
+        """Stop taking sends, wait for the ones in flight (each bounded by its timeouts)."""
         if self._closed:
             return
         self._closed = True
-        await asyncio.to_thread(self._executor.shutdown, wait=True)
-        self._adapter.close()
+        if self._sending:
+            self._drained = asyncio.Event()
+            await self._drained.wait()
+        if self._session is not None:
+            await self._session.close()
 
     def _payload(self, push: Push, ids: SendIds) -> bytes:
         note = push.notification
@@ -170,9 +179,9 @@ class FcmProvider:
             raise PermanentProviderError(f"InvalidPayload: {exc}", provider=self.name) from exc
         return payload
 
-    def _post(self, payload: bytes, answer_by: float) -> ProviderReceipt:
-        """One POST, in a worker thread, unless it is too late to start. Nothing retries."""
-        authorization = self.token.header()  # the shared token, fetched when due
+    async def _post(self, payload: bytes, answer_by: float) -> ProviderReceipt:
+        """One POST, unless it is too late to start. Nothing retries."""
+        authorization = await self.token.header()  # the shared token, fetched when due
         try:
             url = self._fcm.fcm_end_point
         except FCMError as exc:
@@ -180,38 +189,43 @@ class FcmProvider:
         s = self.settings
         # Connecting may take what the read timeout leaves before the deadline.
         connect = min(s.connect_timeout_seconds, answer_by - time.monotonic() - s.timeout_seconds)
-        if connect < MIN_CONNECT_SECONDS:  # waited in the pool's queue too long
+        if connect < MIN_CONNECT_SECONDS:  # waited for a slot or the token too long
             raise NotStartedInTime("DeadlineBeforeStart", provider=self.name)
-        timeout = (connect, s.timeout_seconds)
+        timeout = aiohttp.ClientTimeout(
+            total=connect + s.timeout_seconds, connect=connect, sock_read=s.timeout_seconds
+        )
         headers = {"Content-Type": "application/json", "Authorization": authorization}
         try:
-            response = self._session().post(url, data=payload, headers=headers, timeout=timeout)
-        except requests.ConnectTimeout as exc:
+            async with self._client().post(
+                url, data=payload, headers=headers, timeout=timeout, allow_redirects=False
+            ) as response:
+                status, content = response.status, await response.read()
+                retry_after = response.headers.get("Retry-After")
+        except aiohttp.ConnectionTimeoutError as exc:  # no connection in time: not sent
             raise TransientProviderError("ConnectTimeout", provider=self.name) from exc
-        except requests.ReadTimeout as exc:
+        except aiohttp.ClientConnectorError as exc:  # refused, unreachable, TLS: not sent
+            raise TransientProviderError("ConnectFailed", provider=self.name) from exc
+        except TimeoutError as exc:  # written, no answer in time
             raise UnknownOutcomeError("Timeout", provider=self.name) from exc
-        except requests.ConnectionError as exc:
-            if _never_connected(exc):
-                raise TransientProviderError("ConnectFailed", provider=self.name) from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             raise UnknownOutcomeError("ConnectionLost", provider=self.name) from exc
-        except requests.RequestException as exc:
+        except aiohttp.ClientError as exc:
             raise UnknownOutcomeError(type(exc).__name__, provider=self.name) from exc
-        if response.status_code == 401:
+        if status == 401:
             self.token.refused(authorization)  # fetch a fresh token on the next send
-        return self._receipt(response)
+        return self._receipt(status, content, retry_after)
 
-    def _session(self) -> requests.Session:
-        """This thread's session; all share the adapter (its pool) and send no retries."""
-        session: requests.Session | None = getattr(self._sessions, "session", None)
-        if session is None:
-            session = self._sessions.session = requests.Session()
-            session.mount("http://", self._adapter)
-            session.mount("https://", self._adapter)
-        return session
+    def _client(self) -> aiohttp.ClientSession:
+        """The session every send shares: its connections are kept alive, never retried."""
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self.settings.max_connections)
+            self._session = aiohttp.ClientSession(
+                connector=connector, cookie_jar=aiohttp.DummyCookieJar()
+            )
+        return self._session
 
-    def _receipt(self, response: requests.Response) -> ProviderReceipt:
-        status = response.status_code
-        error = _error(response)
+    def _receipt(self, status: int, content: bytes, retry_after: str | None) -> ProviderReceipt:
+        error = _error(content)
         code = error.get("code") or error.get("status") or f"HTTP{status}"
         if status == 200:
             name = error.get("name")
@@ -227,17 +241,19 @@ class FcmProvider:
         ):
             raise ProviderConfigurationError(code, status=status, provider=self.name)
         if status == 429 or status >= 500 or code in TRANSIENT_CODES:
-            retry_after = retry_after_seconds(response.headers.get("Retry-After"))
             raise TransientProviderError(
-                code, status=status, provider=self.name, retry_after=retry_after
+                code,
+                status=status,
+                provider=self.name,
+                retry_after=retry_after_seconds(retry_after),
             )
         raise PermanentProviderError(code, status=status, provider=self.name)
 
 
-def _error(response: requests.Response) -> dict[str, str]:
+def _error(content: bytes) -> Mapping[str, str]:
     """The message name of a 200, or the FCM error code / status of an error, as strings."""
     try:
-        body = json.loads(response.content or b"{}")
+        body = json.loads(content or b"{}")
     except ValueError:
         return {}
     if not isinstance(body, dict):
@@ -259,14 +275,3 @@ def _error(response: requests.Response) -> dict[str, str]:
     if "registration token" in str(error.get("message", "")):
         found["about_token"] = "yes"
     return {k: v for k, v in found.items() if v}
-
-
-def _never_connected(exc: requests.ConnectionError) -> bool:
-    """True when the connection failed before the request could be written."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, NewConnectionError | ConnectTimeoutError | ConnectionRefusedError):
-            return True
-        reason = getattr(cause, "reason", None)
-        cause = reason if isinstance(reason, BaseException) else cause.__context__
-    return False

@@ -246,12 +246,37 @@ async def test_scale_runs_every_setup_and_prints_the_scale_line(
     assert "scale: processes=1 rate=" in out and " two/bare_2=" in out, out
 
 
-async def test_the_cleanup_bench_deletes_every_expired_row_at_each_size(settings: Settings) -> None:
+async def test_the_cleanup_bench_drops_a_generation_at_each_size_with_no_delete(
+    settings: Settings,
+) -> None:
     from proving.bench.cleanup import bench as cleanup_bench
 
-    line = await cleanup_bench(settings.database.url, [0, 2000], expired=1200, batch=500, repeats=1)
-    assert line.startswith("cleanup: deleted=1200 batch=500 rows=0 us_per_row="), line
-    assert " rows=2000 us_per_row=" in line and " ratio=" in line, line
+    line = await cleanup_bench(settings.database.url, [0, 2000], repeats=2)
+    assert line.startswith("cleanup: rows=0 ms="), line
+    assert " rows=2000 ms=" in line and " ratio=" in line, line
+    assert line.endswith(" deletes_of_claims=0"), line
+
+
+async def test_the_steady_bench_measures_both_phases(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from proving.bench.steady import main_async
+    from proving.bench.steady import parse as parse_steady
+
+    options = parse_steady(
+        [
+            *("--rows", "3000", "--messages", "60", "--repeats", "1"),
+            *("--database-url", settings.database.url),
+        ]
+    )
+    assert await main_async(options, settings) == 0
+    out = capsys.readouterr().out
+    for phase in ("empty", "prefilled"):
+        for variant in ("handwritten", "framework"):
+            assert f"steady: phase={phase} " in out and f" variant={variant} " in out, out
+    assert "phase=prefilled rows=3" in out, out  # 3,000 and the empty phase's last claims
+    assert re.search(r"steady: framework prefilled/empty at rows=\d+: rate=\S+ p99=", out), out
+    assert "WRONG" not in out, out
 
 
 async def test_the_pacer_publishes_each_job_as_basic_publish_would(

@@ -22,7 +22,8 @@ from yarl import URL
 from consumers import AmqpSettings, RetryPolicy, dead_letter_queue
 from consumers.broker.topology import declare
 from consumers.pipeline.settle import DEAD_LETTERED_AT_HEADER
-from dedupe import DbConnection, Retention, cleanup
+from dedupe import DbConnection, Retention, cleanup, generations
+from dedupe.generations import PROCESSED_MESSAGES
 from proving.rawamqp import RawProperties, RawPublisher, RawValue
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
 from tests.support import ROOT, publish_confirmed, wait_declared, wait_for
@@ -260,11 +261,16 @@ async def test_replay_of_a_message_older_than_retention_is_refused_and_with_forc
 
     await wait_for(lambda: effects(1), timeout=60)
     # A copy of the same job dead-lettered 8 days ago, and retention (7 days)
-    # has since deleted the job's claim.
+    # has since dropped the generation holding the job's claim.
     await put_dead_letter(channel, queue_name, "order-7", body=b'{"n": 7}', age_ms=8 * DAY_MS)
-    await db.execute("UPDATE processed_messages SET processed_at = now() - interval '8 days'")
+    await generations.rotate(db, schema, PROCESSED_MESSAGES)
+    await db.execute(
+        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days'"
+        " WHERE family = 'processed_messages' AND generation = 0"
+    )
+    await db.execute("ANALYZE processed_messages_g0")
     deleted = await cleanup(db, schema, Retention(keep=datetime.timedelta(days=7)))
-    assert deleted.processed_messages == 1
+    assert (deleted.generations_dropped, deleted.processed_messages) == (1, 1)
 
     refused = run_cli("dlq", "replay", queue_name, env={"IW_RETENTION_DAYS": "7"})
     assert refused.returncode == 0, refused.stderr

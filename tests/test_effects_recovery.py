@@ -73,7 +73,9 @@ class CallKind:
     ) -> list[list[Recipient]]:
         return [[Recipient(channel="calls", address=str(job["to"]))] for _, job in jobs]
 
-    async def effect(self, job: Mapping[str, Any], index: int, recipient: Recipient) -> object:
+    async def effect(
+        self, job: Mapping[str, Any], index: int, recipient: Recipient, *, tenant: str
+    ) -> object:
         return dict(job)
 
     async def gone(self, tx: DbConnection, dead: DeadTarget) -> None:

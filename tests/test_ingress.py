@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumers import Settings, parse_push_job, push_job_body
-from dedupe import DbConnection, Messages, Retention, cleanup, job_message_id
+from dedupe import DbConnection, Messages, Retention, cleanup, generations, job_message_id
 from dedupe.fingerprint import is_plain
+from dedupe.generations import INGRESS_KEYS
 from ingress.body import decode_body, validated
 from ingress.refusals import Refusal
 from ingress.settings import IngressSettings
@@ -338,12 +339,15 @@ async def test_keys_past_retention_are_forgotten_and_the_key_makes_a_new_message
 ) -> None:
     body = {**job(), "idempotency_key": "k-old"}
     first = (await http.post("/v1/messages", json=body)).json()["id"]
+    # k-old's generation of keys ends, k-young's is the next: as if 8 days apart.
+    await generations.rotate(db, schema, INGRESS_KEYS)
+    await db.execute(
+        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days'"
+        " WHERE family = 'ingress_idempotency_keys' AND generation = 0"
+    )
+    await db.execute("ANALYZE ingress_idempotency_keys_g0")
     kept = (await http.post("/v1/messages", json={**job(), "idempotency_key": "k-young"})).json()
     await http.post(f"/v1/messages/{first}/cancel")  # not queued any more: may go too
-    await db.execute(
-        "UPDATE ingress_idempotency_keys SET created_at = now() - interval '8 days'"
-        " WHERE idempotency_key = 'k-old'"
-    )
     await db.execute(
         "UPDATE ingress_messages SET created_at = now() - interval '8 days' WHERE id = $1",
         uuid.UUID(first),

@@ -2,7 +2,7 @@
 
 The scenario of the issue, scaled to the test budget: the provider answers
 slowly, one job fans out to more devices than the provider can have in flight,
-so sends queue (FCM's thread pool, APNs' stream limit) for longer than the
+so sends queue (FCM's connection slots, APNs' stream limit) for longer than the
 ledger lease; a duplicate delivery of the job reaches a second worker after
 the lease. No send may start after its lease can have expired: the second
 worker must find every target either answered or back in `claimed`, never
@@ -40,7 +40,7 @@ from tests.support import settle, wait_for
 
 DEVICES = 40
 LATENCY = 0.5  # the provider's answer time
-IN_FLIGHT = 4  # FCM threads; APNs streams on its one connection
+IN_FLIGHT = 4  # FCM connections; APNs streams on its one connection
 TIMEOUT = 1.0
 LEASE = 3.0  # 40 devices / 4 in flight * 0.5 s = 5 s of sending: longer than the lease
 
@@ -53,7 +53,7 @@ def lease_app(queue: str, apns: FakeApns, fcm: FakeFcm) -> App:
             apns=ApnsProvider(apns.settings(timeout_seconds=TIMEOUT, max_connections=1)),
             fcm=FcmProvider(
                 fcm.settings(
-                    timeout_seconds=TIMEOUT, connect_timeout_seconds=0.5, max_workers=IN_FLIGHT
+                    timeout_seconds=TIMEOUT, connect_timeout_seconds=0.5, max_connections=IN_FLIGHT
                 )
             ),
         )

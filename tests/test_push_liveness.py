@@ -2,9 +2,10 @@
 
 The scenario of the issue as a new user met it: 400 Android devices, FCM
 answering after 1.5 s, `FcmSettings` timeout 4 s (connect at its default 3 s),
-lease 6 s, two workers holding one delivery each. 32 FCM threads need about
-19 s for the job, three leases: the worker holding it must extend its leases
-as it goes, and every device gets exactly one POST.
+lease 6 s, two workers holding one delivery each. 32 FCM connections (the
+default was 32 threads then) need about 19 s for the job, three leases: the
+worker holding it must extend its leases as it goes, and every device gets
+exactly one POST.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ DEVICES = 400
 LATENCY = 1.5
 TIMEOUT = 4.0
 LEASE = 6.0
+IN_FLIGHT = 32  # at the default 100, the job would take one lease
 
 
 async def test_a_job_longer_than_its_lease_sends_every_device_once(
@@ -40,7 +42,7 @@ async def test_a_job_longer_than_its_lease_sends_every_device_once(
         app = App(retry=FAST_RETRY)
 
         async def provider() -> Provider:
-            return FcmProvider(fcm.settings(timeout_seconds=TIMEOUT))
+            return FcmProvider(fcm.settings(timeout_seconds=TIMEOUT, max_connections=IN_FLIGHT))
 
         app.push_handler(queue_name, provider=provider, lease_seconds=LEASE)
         targets = [
@@ -51,7 +53,7 @@ async def test_a_job_longer_than_its_lease_sends_every_device_once(
             await publisher.publish(
                 queue_name, push_job_body(targets=targets, body="Sale"), message_id="sale-1"
             )
-            # 400 / 32 threads * 1.5 s = 19 s of sending; the rest is a generous margin.
+            # 400 / 32 in flight * 1.5 s = 19 s of sending; the rest is a generous margin.
             await wait_for(lambda: _settled(db, DEVICES), timeout=90)
         statuses = await db.fetch("SELECT status, count(*) AS n FROM send_ledger GROUP BY 1")
         assert {r["status"]: r["n"] for r in statuses} == {"sent": DEVICES}

@@ -161,7 +161,7 @@ async def test_a_worker_whose_lease_renewal_fails_starts_no_send_after_its_lease
                 fcm.settings(
                     timeout_seconds=ANSWER_TIMEOUT,
                     connect_timeout_seconds=0.5,
-                    max_workers=THREADS,
+                    max_connections=THREADS,
                 )
             )
 

@@ -1,4 +1,5 @@
-"""Retention deletes old claims and settled sends in batches, and nothing it must keep."""
+"""Retention drops old generations of claims, deletes settled sends in batches, and keeps
+everything it must."""
 
 from __future__ import annotations
 
@@ -12,26 +13,35 @@ import pytest
 
 from consumers import HandlerSpec, Publisher, RetentionSettings, RetryPolicy
 from consumers.retention.retry_horizon import retention_need, retry_horizon
-from dedupe import CleanerBusy, DbConnection, Retention, cleanup
+from dedupe import CleanerBusy, DbConnection, Retention, cleanup, generations
+from dedupe.generations import INGRESS_KEYS, PROCESSED_MESSAGES
 from tests.apps.effects import FAST_RETRY
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
 from tests.support import ROOT, wait_declared, wait_for
 
 
 async def _seed(db: DbConnection) -> None:
+    """Generation 0 ended 8 days ago with 26 claims; generation 1, current, holds 5."""
+    schema = await db.fetchval("SELECT current_schema()")
     await db.execute(
         "INSERT INTO processed_messages (consumer, tenant, message_id, fingerprint, processed_at)"
         " SELECT 'q', '', 'old-' || n, '\\x00', now() - interval '8 days'"
         " FROM generate_series(1, 25) n"
     )
-    await db.execute(
-        "INSERT INTO processed_messages (consumer, tenant, message_id, fingerprint)"
-        " SELECT 'q', '', 'new-' || n, '\\x00' FROM generate_series(1, 5) n"
-    )
     # An old push job with one device still unsettled: it keeps its claim and that row.
     await db.execute(
         "INSERT INTO processed_messages (consumer, tenant, message_id, fingerprint, processed_at)"
         " VALUES ('p', '', 'push-old', '\\x00', now() - interval '8 days')"
+    )
+    await db.execute("ANALYZE processed_messages_g0")  # cleanup reports the planner's count
+    await generations.rotate(db, schema, PROCESSED_MESSAGES)
+    await generations.rotate(db, schema, INGRESS_KEYS)
+    await db.execute(
+        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days' WHERE generation = 0"
+    )
+    await db.execute(
+        "INSERT INTO processed_messages (generation, consumer, tenant, message_id, fingerprint)"
+        " SELECT 1, 'q', '', 'new-' || n, '\\x00' FROM generate_series(1, 5) n"
     )
     await db.execute(
         "INSERT INTO send_ledger (consumer, tenant, message_id, target_index, channel, address,"
@@ -43,17 +53,23 @@ async def _seed(db: DbConnection) -> None:
     )
 
 
-async def test_cleanup_deletes_expired_rows_in_batches_and_keeps_the_rest(
+async def test_cleanup_drops_the_expired_generation_and_keeps_the_rest(
     db: DbConnection, schema: str
 ) -> None:
     await _seed(db)
     seen = []
     result = await cleanup(db, schema, Retention(batch_size=10), progress=lambda r: seen.append(r))
     assert result.processed_messages == 25
+    assert result.generations_dropped == 1
     assert result.send_ledger == 1
-    assert len(seen) >= 3  # 25 claims at 10 a batch took several statements
-    left = await db.fetch("SELECT message_id FROM processed_messages ORDER BY message_id")
-    assert [r["message_id"] for r in left] == [f"new-{n}" for n in (1, 2, 3, 4, 5)] + ["push-old"]
+    assert seen  # progress was reported
+    left = await db.fetch(
+        "SELECT message_id, generation FROM processed_messages ORDER BY message_id"
+    )
+    # The unsettled push job's claim moved to the current generation.
+    assert [tuple(r) for r in left] == [(f"new-{n}", 1) for n in (1, 2, 3, 4, 5)] + [
+        ("push-old", 1)
+    ]
     statuses = await db.fetch("SELECT status FROM send_ledger")
     assert [r["status"] for r in statuses] == ["claimed"]
 
@@ -86,11 +102,12 @@ async def test_cleanup_command_reports_what_it_deleted(db: DbConnection, schema:
         "  now() - interval '8 days' FROM generate_series(1, 3) n"
     )
     await db.execute(
-        "INSERT INTO ingress_idempotency_keys"
-        " (tenant, idempotency_key, fingerprint, message_id, created_at)"
-        " SELECT 't', 'k-' || n, '\\x00', gen_random_uuid(), now() - interval '8 days'"
+        "INSERT INTO ingress_idempotency_keys_g0"
+        " (generation, tenant, idempotency_key, fingerprint, message_id, created_at)"
+        " SELECT 0, 't', 'k-' || n, '\\x00', gen_random_uuid(), now() - interval '8 days'"
         " FROM generate_series(1, 3) n"
     )
+    await db.execute("ANALYZE ingress_idempotency_keys_g0")
     done = subprocess.run(
         [sys.executable, "-m", "consumers", "cleanup", "--keep-days", "7", "--batch-size", "7"],
         env={"DATABASE_URL": DATABASE_URL, "DATABASE_SCHEMA": schema, "PATH": "/usr/bin"},
@@ -102,8 +119,8 @@ async def test_cleanup_command_reports_what_it_deleted(db: DbConnection, schema:
     )
     assert done.returncode == 0, done.stderr
     assert (
-        f"cleanup: schema={schema} older_than=7.0d processed_messages=25 send_ledger=1"
-        " outbox=0 ingress_keys=3 ingress_messages=2"
+        f"cleanup: schema={schema} older_than=7.0d processed_messages=25 generations_dropped=1"
+        " generation=1 send_ledger=1 outbox=0 ingress_keys=3 ingress_messages=2"
     ) in done.stdout
 
 
@@ -237,17 +254,15 @@ async def test_cleanup_deletes_rows_stored_out_of_time_order(db: DbConnection, s
     """Newer rows first on disk: the time cursor steps past the older ones, the last pass not."""
     for age_days, count in ((9, 30), (20, 30), (1, 10)):
         await db.execute(
-            "INSERT INTO processed_messages"
-            " (consumer, tenant, message_id, fingerprint, processed_at)"
-            " SELECT 'q', '', $1 || '-' || n, '\\x00', now() - $2 * interval '1 day'"
-            "  + n * interval '1 second' FROM generate_series(1, $3) n",
+            "INSERT INTO outbox (queue, message_id, body, created_at, published_at)"
+            " SELECT 'q', $1 || '-' || n, '\\x00',"
+            "  now() - $2 * interval '1 day' + n * interval '1 second', now()"
+            " FROM generate_series(1, $3) n",
             f"age{age_days}",
             age_days,
             count,
         )
     result = await cleanup(db, schema, Retention(batch_size=10))
-    assert result.processed_messages == 60
-    left = await db.fetchval(
-        "SELECT count(*) FROM processed_messages WHERE message_id LIKE 'age1-%'"
-    )
-    assert left == await db.fetchval("SELECT count(*) FROM processed_messages") == 10
+    assert result.outbox == 60
+    left = await db.fetchval("SELECT count(*) FROM outbox WHERE message_id LIKE 'age1-%'")
+    assert left == await db.fetchval("SELECT count(*) FROM outbox") == 10

@@ -37,13 +37,20 @@ def register(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    kinds = webhook.add_subparsers(dest="webhook_command", required=True, metavar="endpoint")
+    kinds = webhook.add_subparsers(
+        dest="webhook_command",
+        required=True,
+        metavar="endpoint",
+        help="endpoint --help: its actions",
+    )
     endpoint = kinds.add_parser(
         "endpoint",
         help="add, list, rotate, disable, enable or remove a tenant's endpoint",
         description="A tenant's webhook endpoints: where its webhook jobs are sent.",
     )
-    actions = endpoint.add_subparsers(dest="endpoint_command", required=True)
+    actions = endpoint.add_subparsers(
+        dest="endpoint_command", required=True, help="ACTION --help: its flags"
+    )
     add = actions.add_parser(
         "add",
         help="add an endpoint; prints its id and its signing secret, once",

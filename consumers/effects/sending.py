@@ -355,7 +355,7 @@ class Fanout:
         """What the send carries, built by the queue's kind; nothing is sent if it fails."""
         try:
             return await self.effects.kind.effect(
-                send.job, send.target.target_index, send.recipient
+                send.job, send.target.target_index, send.recipient, tenant=send.target.key.tenant
             )
         except (ProviderError, asyncio.CancelledError):
             raise

@@ -11,8 +11,8 @@ The queue name is also the consumer's name, the first part of every dedupe key.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from consumers.handlers.faults import NO_FAULTS, Faults
 from consumers.handlers.retry import RetryPolicy
@@ -24,6 +24,8 @@ from consumers.handlers.spec import (
     MessageHandler,
     ProviderFactory,
 )
+from consumers.jobs.api import ApiKind
+from consumers.jobs.email import EMAIL
 from consumers.jobs.kind import EffectKind
 from consumers.jobs.push import PUSH
 from consumers.jobs.webhook import WebhookKind, webhook_sender
@@ -31,6 +33,10 @@ from consumers.message.decisions import ConfigurationError
 from consumers.message.envelope import Fingerprinter
 from consumers.settings import WebhookSettings
 from dedupe import UnknownOutcome
+from providers import ApiSettings, Sender, SmtpSettings
+
+if TYPE_CHECKING:  # httpx (the `api` extra) loads when a worker builds the sender
+    from providers.idempotent_api import IdempotentApi
 
 
 class App:
@@ -206,6 +212,87 @@ class App:
                 ),
                 retry=retry or self.retry,
             )
+        )
+
+    def email_handler(
+        self,
+        queue: str,
+        *,
+        settings: SmtpSettings,
+        on_dead_address: InvalidTokenHook | None = None,
+        unknown_outcome: UnknownOutcome = UnknownOutcome.RESEND,
+        lease_seconds: float = 30.0,
+        probe_seconds: float = 10.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        """Send the e-mail jobs of `queue` (format: `consumers.jobs.email`) over SMTP.
+
+        One effect per recipient, through `providers.SmtpSender(settings)` (the `mail`
+        extra), built once inside the worker's loop. SMTP can be neither replayed nor
+        asked, so a send whose outcome is unknown follows `unknown_outcome`: RESEND
+        with the same Message-ID (a receiver that dedupes by it drops the copy), or
+        SKIP. `on_dead_address(tx, dead)` runs once per address the server called
+        dead (5xx to RCPT), in the transaction that records it: suppress it there.
+        Otherwise as `effect_handler`.
+        """
+
+        async def sender() -> Sender[Any]:
+            from providers.smtp import SmtpSender  # aiosmtplib: the `mail` extra
+
+            return SmtpSender(settings)
+
+        self.effect_handler(
+            queue,
+            kind=EMAIL,
+            provider=sender,
+            on_dead_target=on_dead_address,
+            unknown_outcome=unknown_outcome,
+            lease_seconds=lease_seconds,
+            probe_seconds=probe_seconds,
+            retry=retry,
+        )
+
+    def api_handler(
+        self,
+        queue: str,
+        *,
+        api: type[IdempotentApi],
+        settings: ApiSettings | None = None,
+        build: Callable[[], Awaitable[IdempotentApi]] | None = None,
+        on_dead_target: InvalidTokenHook | None = None,
+        unknown_outcome: UnknownOutcome = UnknownOutcome.RESEND,
+        lease_seconds: float = 30.0,
+        probe_seconds: float = 10.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        """Make the calls the jobs of `queue` ask of `api` (a subclass of
+        `providers.IdempotentApi`; format: `consumers.jobs.api`), one per job.
+
+        `api(settings)` is built once inside the worker's loop (httpx: the `api`
+        extra), or `build()` when given: an instance of `api` made another way
+        (credentials read at start, an httpx transport of its own). Each call
+        carries its idempotency key; after a crash the call is replayed within the
+        API's window, or looked up first, as its `recovery` says (`unknown_outcome`
+        only for an API that offers neither). Otherwise as `effect_handler`.
+        """
+        if build is not None and settings is not None:
+            raise ConfigurationError("api_handler: settings or build, not both")
+
+        async def sender() -> Sender[Any]:
+            made = api(settings) if build is None else await build()
+            if not isinstance(made, api):
+                raise ConfigurationError(f"build() made {type(made).__name__}, not {api.__name__}")
+            return made
+
+        self.effect_handler(
+            queue,
+            kind=ApiKind(api),
+            provider=sender,
+            on_dead_target=on_dead_target,
+            unknown_outcome=unknown_outcome,
+            lease_seconds=lease_seconds,
+            probe_seconds=probe_seconds,
+            retry=retry,
         )
 
     def _add(self, spec: HandlerSpec) -> None:

@@ -14,9 +14,10 @@ is said here, by the kind, in the order the runner asks:
    claim's transaction, and written to the ledger: a push job names its devices,
    an e-mail its addresses, a webhook job is sent to the tenant's endpoints that
    take its event type. A redelivered job goes to the rows written then;
-4. `effect(job, index, recipient)`: what one target is sent (the provider's input),
-   built when its send can start, with no transaction open: a webhook call reads
-   its endpoint's address and current signing secrets then. An error here sends
+4. `effect(job, index, recipient, tenant=...)`: what one target is sent (the
+   provider's input), built when its send can start, with no transaction open: a
+   webhook call reads its endpoint's address and current signing secrets then; an
+   API call carries the tenant whose job it is. An error here sends
    nothing: a `ProviderError` counts as the provider's answer, anything else as a
    transient failure;
 5. `gone(tx, dead)`: what a target the provider called dead means, in the
@@ -95,7 +96,7 @@ class EffectKind(Protocol[J]):
         self, tx: DbConnection, jobs: Sequence[tuple[str, J]]
     ) -> list[list[Recipient]]: ...
 
-    async def effect(self, job: J, index: int, recipient: Recipient) -> object: ...
+    async def effect(self, job: J, index: int, recipient: Recipient, *, tenant: str) -> object: ...
 
     async def gone(self, tx: DbConnection, dead: DeadTarget) -> None: ...
 

@@ -303,7 +303,7 @@ class PushKind:
             [Recipient(channel=t.channel, address=t.token) for t in job.targets] for _, job in jobs
         ]
 
-    async def effect(self, job: PushJob, index: int, recipient: Recipient) -> Push:
+    async def effect(self, job: PushJob, index: int, recipient: Recipient, *, tenant: str) -> Push:
         return job.push_for(job.targets[index])
 
     async def gone(self, tx: DbConnection, dead: DeadTarget) -> None:

@@ -234,7 +234,9 @@ class WebhookKind:
             chosen.append([Recipient(channel=CHANNEL, address=i) for i in ids])
         return chosen
 
-    async def effect(self, job: WebhookJob, index: int, recipient: Recipient) -> WebhookCall:
+    async def effect(
+        self, job: WebhookJob, index: int, recipient: Recipient, *, tenant: str
+    ) -> WebhookCall:
         """The call to one endpoint: its URL and live secrets now (cached a few seconds)."""
         endpoint = await self._worker.signing.read(recipient.address)
         if endpoint is None:

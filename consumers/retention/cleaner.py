@@ -1,6 +1,7 @@
 """Retention cleanup: the `cleanup` command, and the periodic one inside `run`.
 
-Both delete through `dedupe.cleanup`, one cleaner per schema at a time (an
+Both go through `dedupe.cleanup` (claims rotate and leave by whole
+generations, the other tables by batched DELETE), one cleaner per schema at a time (an
 advisory lock): a second one says so and returns. A retention shorter than
 the retry horizon plus the replay window (`consumers.retention.retry_horizon`) is refused:
 by `cleanup` for its `--keep-days`, by `run` before it starts.
@@ -31,7 +32,10 @@ log = structlog.get_logger(__name__)
 
 def register(sub: Any) -> None:
     """Add `cleanup` to the CLI's subcommands."""
-    said = "delete dedupe rows past retention, in batches, one cleaner per schema at a time"
+    said = (
+        "rotate and drop generations of claims and keys past retention, delete other rows"
+        " in batches, one cleaner per schema at a time"
+    )
     clean = sub.add_parser("cleanup", help=said, description=said)
     clean.add_argument(
         "--keep-days", type=float, default=None, help="default: IW_RETENTION_DAYS (7)"
@@ -60,7 +64,9 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     need = retention_need(specs, settings.retention, RetryPolicy())
     check_retention(keep, need, setting="--keep-days")
     retention = Retention(
-        keep=keep, batch_size=args.batch_size or settings.retention.cleanup_batch_size
+        keep=keep,
+        batch_size=args.batch_size or settings.retention.cleanup_batch_size,
+        rotate_every=settings.retention.generation_span,
     )
     schema = settings.database.schema
     conn = await asyncpg.connect(settings.database.url)
@@ -70,9 +76,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
             schema,
             retention,
             progress=lambda r: print(
-                f"cleanup: deleted so far: send_ledger={r.send_ledger} "
-                f"processed_messages={r.processed_messages} outbox={r.outbox} "
-                f"ingress_keys={r.ingress_keys} ingress_messages={r.ingress_messages}",
+                f"cleanup: deleted so far: send_ledger={r.send_ledger} outbox={r.outbox}"
+                f" ingress_messages={r.ingress_messages}",
                 flush=True,
             ),
             wait=args.wait,
@@ -83,10 +88,11 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         await conn.close()
     print(
-        f"cleanup: schema={schema} older_than={keep_days}d "
-        f"processed_messages={result.processed_messages} send_ledger={result.send_ledger}"
-        f" outbox={result.outbox} ingress_keys={result.ingress_keys}"
-        f" ingress_messages={result.ingress_messages}"
+        f"cleanup: schema={schema} older_than={keep_days}d"
+        f" processed_messages={result.processed_messages}"
+        f" generations_dropped={result.generations_dropped} generation={result.generation}"
+        f" send_ledger={result.send_ledger} outbox={result.outbox}"
+        f" ingress_keys={result.ingress_keys} ingress_messages={result.ingress_messages}"
     )
     return 0
 
@@ -96,7 +102,9 @@ async def clean_periodically(settings: Settings) -> None:
     interval = settings.retention.cleanup_interval_seconds
     assert interval is not None and interval > 0
     retention = Retention(
-        keep=settings.retention.keep, batch_size=settings.retention.cleanup_batch_size
+        keep=settings.retention.keep,
+        batch_size=settings.retention.cleanup_batch_size,
+        rotate_every=settings.retention.generation_span,
     )
     while True:
         await asyncio.sleep(interval * random.uniform(0.75, 1.0))
@@ -110,6 +118,9 @@ async def clean_periodically(settings: Settings) -> None:
             log.info(
                 "cleanup_done",
                 processed_messages=result.processed_messages,
+                generations_dropped=result.generations_dropped,
+                generation=result.generation,
+                rotated=result.rotated,
                 send_ledger=result.send_ledger,
                 outbox=result.outbox,
                 ingress_keys=result.ingress_keys,

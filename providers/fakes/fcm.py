@@ -6,7 +6,8 @@ async with FakeFcm() as fcm:
     provider = FcmProvider(fcm.settings())
 ```
 
-It runs in the caller's event loop; FcmProvider's threads reach it over loopback.
+It runs in the caller's event loop; FcmProvider reaches it over loopback, on as many
+keep-alive connections as it has POSTs in flight.
 `settings()` points at a service-account file whose RSA key is generated here and
 whose token_uri is the fake's own OAuth route, so google-auth works unchanged.
 """
@@ -98,6 +99,7 @@ class FakeFcm:
         self.token_requests = 0  # OAuth token grants asked for
         self.token_lifetime = 3600  # seconds each granted access token is accepted
         self.refuse_tokens = False  # answer the OAuth route with 400 invalid_grant
+        self.token_latency = 0.0  # seconds before the OAuth route answers
         self.refused_requests = 0  # sends answered 401: no token, or an expired one
         self._tokens: dict[str, float] = {}  # granted access token -> expiry (monotonic)
         self._scripts: dict[str, deque[_Script]] = {}
@@ -238,6 +240,8 @@ class FakeFcm:
         body = await reader.readexactly(int(headers.get("content-length", "0")))
         if method == "POST" and path == "/token":
             self.token_requests += 1
+            if self.token_latency > 0:
+                await asyncio.sleep(self.token_latency)
             if self.refuse_tokens:
                 refusal = {"error": "invalid_grant", "error_description": "Invalid JWT"}
                 await _respond(writer, 400, refusal)
@@ -279,6 +283,8 @@ class FakeFcm:
             writer.transport.abort()
             return False
         extra = {"Retry-After": str(reply.retry_after)} if reply.retry_after is not None else {}
+        if 300 <= reply.status < 400:  # a redirect to this same route
+            extra["Location"] = f"/v1/projects/{self.project_id}/messages:send"
         if reply.status == 200:
             name = f"projects/{self.project_id}/messages/0:{len(self.requests)}%fake"
             await _respond(writer, 200, {"name": name}, extra)

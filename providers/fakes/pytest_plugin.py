@@ -1,5 +1,5 @@
-"""pytest fixtures for your own tests: `fake_apns`, `fake_fcm`, `fake_webpush` and
-`webhook_receiver`, served on 127.0.0.1.
+"""pytest fixtures for your own tests: `fake_apns`, `fake_fcm`, `fake_webpush`,
+`webhook_receiver`, `fake_smtp` and `fake_payments`, served on 127.0.0.1.
 
 Load it from a conftest.py with `pytest_plugins = ["providers.fakes.pytest_plugin"]`
 (or `pytest -p providers.fakes.pytest_plugin`); it needs pytest-asyncio.
@@ -23,7 +23,9 @@ from providers.fakes.apns import FakeApns
 from providers.fakes.fcm import FakeFcm
 from providers.fakes.webpush import FakeWebPush
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the webhooks extra, aiosmtpd, uvicorn: loaded by the fixtures
+    from providers.fakes.payments import FakePayments
+    from providers.fakes.smtp import FakeSmtp
     from providers.fakes.webhooks import WebhookReceiver
 
 
@@ -57,3 +59,21 @@ async def webhook_receiver() -> AsyncIterator[WebhookReceiver]:
 
     async with WebhookReceiver() as receiver:
         yield receiver
+
+
+@pytest_asyncio.fixture
+async def fake_smtp() -> AsyncIterator[FakeSmtp]:
+    """A fake SMTP server (aiosmtpd, plain text); `fake_smtp.settings()` reaches it."""
+    from providers.fakes.smtp import FakeSmtp
+
+    async with FakeSmtp() as fake:
+        yield fake
+
+
+@pytest_asyncio.fixture
+async def fake_payments() -> AsyncIterator[FakePayments]:
+    """A fake payments API keeping idempotency keys as Stripe does; at `.base_url`."""
+    from providers.fakes.payments import FakePayments
+
+    async with FakePayments() as fake:
+        yield fake

@@ -63,9 +63,11 @@ from proving.deadlines import ANSWER_S, within
 
 def catalog(names: Sequence[str]) -> list[Variant]:
     """The variants called `names`, in that order; FastStream's only if installed."""
-    from proving.bench import bare, ours, untimed
+    from proving.bench import anchors, bare, ours, untimed
 
-    known = {v.name: v for v in (*bare.VARIANTS, *untimed.VARIANTS, *ours.VARIANTS)}
+    known = {
+        v.name: v for v in (*bare.VARIANTS, *untimed.VARIANTS, *anchors.VARIANTS, *ours.VARIANTS)
+    }
     try:
         from proving.bench import rival
     except ImportError:
@@ -171,7 +173,7 @@ async def bench(options: BenchOptions, settings: Settings) -> int:
                 say(paced_line(rate, paced, fixed=fixed is not None))
             if options.prefill > 0:
                 seconds = await prefill(
-                    admin,
+                    settings.database.url,
                     schema=sandbox.schema,
                     consumer=sandbox.queue,
                     rows=options.prefill,

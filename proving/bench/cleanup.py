@@ -1,16 +1,17 @@
-"""`python -m proving.bench.cleanup`: retention cleanup's cost per deleted row, by table size.
+"""`python -m proving.bench.cleanup`: how long retention takes to remove a day of claims.
 
-For each size N: a schema of its own with EXPIRED rows 30 days old (in time
-order, as a real week's claims arrive) and then N young rows (filled by
-`proving.bench.prefill`: a week's worth, none expired); VACUUM ANALYZE and
-a CHECKPOINT, then `dedupe.cleanup` (keep 8 days) is timed deleting the
-expired rows. Repeated --repeats times (the expired rows are put back
-each time), medians. The last line:
+Claims leave by whole generations (`dedupe.generations`). For each size N: a
+schema of its own whose generation holding N claims (put in by INSERT ...
+generate_series, keys in order: the setup, not what is timed) ended 8 days
+ago, the next one current; VACUUM ANALYZE and a CHECKPOINT; then
+`dedupe.cleanup` (keep 7 days, no rotation due) is timed removing it, and
+the statements it sent are read back (asyncpg's query logger): none may be
+a DELETE of processed_messages or of one of its generations. Repeated
+--repeats times (a new generation each time), medians. The last line:
 
-    cleanup: deleted=... batch=... rows=0 us_per_row=... rows=1000000 us_per_row=... ratio=...
+    cleanup: rows=0 ms=... rows=1000000 ms=... ratio=... deletes_of_claims=0
 
-where ratio is the largest size's cost per deleted row over the smallest's:
-1.0 is flat.
+where ratio is the largest size's time over the smallest's: 1.0 is flat.
 """
 
 from __future__ import annotations
@@ -27,87 +28,104 @@ from datetime import timedelta
 import asyncpg
 
 from consumers import Settings
-from dedupe import Retention, cleanup, migrate, quote_ident
-from proving.bench.prefill import prefill
+from dedupe import Retention, cleanup, generations, migrate, quote_ident
+from dedupe.generations import PROCESSED_MESSAGES
 from proving.bench.workload import TENANT
 from proving.deadlines import ANSWER_S
 
 CONSUMER = "bench.cleanup"
+SETUP_TIMEOUT_S = 3600.0
+RETENTION = Retention(keep=timedelta(days=7), rotate_every=timedelta(days=30))
 
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-async def _expire(conn: asyncpg.Connection, table: str, rows: int, round_: int) -> None:
+def deletes_of_claims(statements: Sequence[str]) -> list[str]:
+    """The statements among `statements` that DELETE from processed_messages or a generation."""
+    return [s for s in statements if "DELETE" in s.upper() and "processed_messages" in s]
+
+
+async def _expired_generation(conn: asyncpg.Connection, schema: str, rows: int) -> None:
+    """`rows` claims in the current generation, then rotated and aged past retention."""
+    q = quote_ident(schema)
+    number = (await generations.current(conn, schema, PROCESSED_MESSAGES)).number
+    part = f"{q}.{quote_ident(PROCESSED_MESSAGES.partition(number))}"
     await conn.execute(
-        f"INSERT INTO {table} (consumer, tenant, message_id, fingerprint, processed_at)"
-        " SELECT $1, $2, 'expired-' || $3::int || '-' || i, sha256(int8send(i)),"
-        "  now() - interval '30 days' + i * interval '1 millisecond'"
-        " FROM generate_series(1, $4::bigint) AS i",
+        f"INSERT INTO {part} (consumer, tenant, message_id, fingerprint)"
+        " SELECT $1, $2, lpad(i::text, 12, '0'), sha256(int8send(i))"
+        " FROM generate_series(1, $3::bigint) AS i",
         CONSUMER,
         TENANT,
-        round_,
         rows,
+        timeout=SETUP_TIMEOUT_S,
+    )
+    await conn.execute(f"VACUUM ANALYZE {part}", timeout=SETUP_TIMEOUT_S)
+    await generations.rotate(conn, schema, PROCESSED_MESSAGES)
+    await conn.execute(
+        f"UPDATE {q}.dedupe_generations SET ended_at = now() - interval '8 days'"
+        " WHERE family = 'processed_messages' AND generation = $1",
+        number,
         timeout=ANSWER_S,
     )
-    await conn.execute(f"VACUUM ANALYZE {table}", timeout=ANSWER_S)
-    await conn.execute("CHECKPOINT", timeout=ANSWER_S)
+    await conn.execute("CHECKPOINT", timeout=SETUP_TIMEOUT_S)
 
 
-async def _one_size(url: str, size: int, expired: int, batch: int, repeats: int) -> list[float]:
-    """Microseconds per deleted row, one figure per repeat."""
+async def _one_size(url: str, size: int, repeats: int) -> tuple[list[float], list[str]]:
+    """Milliseconds per cleanup, one figure per repeat; and the DELETEs of claims it sent."""
     schema = f"bench_cleanup_{uuid.uuid4().hex[:8]}"
     conn = await asyncpg.connect(url, timeout=ANSWER_S)
+    sent: list[str] = []
+
+    def heard(logged: asyncpg.connection.LoggedQuery) -> None:
+        sent.append(logged.query)
+
     try:
         await migrate(conn, schema)
-        table = f"{quote_ident(schema)}.processed_messages"
-        await _expire(conn, table, expired, 0)
-        if size:
-            await prefill(conn, schema=schema, consumer=CONSUMER, rows=size, progress=_say)
         figures = []
         for round_ in range(repeats):
-            if round_:
-                await _expire(conn, table, expired, round_)
+            await _expired_generation(conn, schema, size)
+            conn.add_query_logger(heard)
             started = time.perf_counter()
-            result = await cleanup(
-                conn, schema, Retention(keep=timedelta(days=8), batch_size=batch)
-            )
+            result = await cleanup(conn, schema, RETENTION)
             elapsed = time.perf_counter() - started
-            if result.processed_messages != expired:
-                raise AssertionError(f"deleted {result.processed_messages}, expected {expired}")
-            figures.append(elapsed / expired * 1e6)
+            conn.remove_query_logger(heard)
+            if result.generations_dropped != 1:
+                raise AssertionError(f"dropped {result.generations_dropped} generations, not 1")
+            figures.append(elapsed * 1e3)
             _say(
-                f"cleanup: rows={size} round={round_ + 1} deleted={expired}"
-                f" in {elapsed:.2f} s ({figures[-1]:.2f} us/row, {result.batches} batches)"
+                f"cleanup: rows={size} round={round_ + 1} dropped a generation of"
+                f" {result.processed_messages:,} rows (estimated) in {figures[-1]:.1f} ms"
             )
-        return figures
+        return figures, deletes_of_claims(sent)
     finally:
         await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE", timeout=ANSWER_S)
         await conn.close()
 
 
-async def bench(url: str, sizes: Sequence[int], expired: int, batch: int, repeats: int) -> str:
+async def bench(url: str, sizes: Sequence[int], repeats: int) -> str:
     medians = {}
+    deletes: list[str] = []
     for size in sizes:
-        medians[size] = statistics.median(await _one_size(url, size, expired, batch, repeats))
-    parts = " ".join(f"rows={size} us_per_row={medians[size]:.2f}" for size in sizes)
+        figures, sent = await _one_size(url, size, repeats)
+        medians[size] = statistics.median(figures)
+        deletes += sent
+    parts = " ".join(f"rows={size} ms={medians[size]:.1f}" for size in sizes)
     ratio = medians[sizes[-1]] / medians[sizes[0]]
-    return f"cleanup: deleted={expired} batch={batch} {parts} ratio={ratio:.2f}"
+    return f"cleanup: {parts} ratio={ratio:.2f} deletes_of_claims={len(deletes)}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m proving.bench.cleanup", description=__doc__)
     parser.add_argument(
-        "--sizes", default="0,1000000", help="young rows beside the expired ones, comma-separated"
+        "--sizes", default="0,1000000", help="claims in the generation removed, comma-separated"
     )
-    parser.add_argument("--expired", type=int, default=200_000, help="expired rows to delete")
-    parser.add_argument("--batch-size", type=int, default=5_000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     sizes = [int(part) for part in args.sizes.split(",")]
     url = Settings.from_env().database.url
-    print(asyncio.run(bench(url, sizes, args.expired, args.batch_size, args.repeats)), flush=True)
+    print(asyncio.run(bench(url, sizes, args.repeats)), flush=True)
     return 0
 
 

@@ -14,6 +14,8 @@ from consumers import QueueType
 ALL_VARIANTS = (
     "ceiling",
     "bare",
+    "aiormq",
+    "handwritten",
     "ceiling_each",
     "naive",
     "faststream",
@@ -31,6 +33,8 @@ ALL_VARIANTS = (
 DEFAULT_VARIANTS = (
     "ceiling",
     "bare",
+    "aiormq",
+    "handwritten",
     "naive",
     "faststream",
     "framework",
@@ -42,7 +46,7 @@ DEFAULT_VARIANTS = (
 # The sending side (proving.bench.sending): publishers and the outbox relay.
 SENDING_VARIANTS = ("publisher_each", "publisher_pipelined", "relay")
 PACED_VARIANTS = ("ceiling", "framework", "framework_batch")
-PREFILL_VARIANTS = ("framework", "framework_batch")
+PREFILL_VARIANTS = ("handwritten", "framework", "framework_batch")
 # Slow forms, a run of --slow-messages each: a rate (and so a ratio) needs a
 # few seconds of one, not a backlog that keeps the bench waiting for minutes.
 SLOW_VARIANTS = ("naive", "faststream", "faststream_prefetch", "publisher_each")

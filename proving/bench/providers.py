@@ -183,7 +183,7 @@ def bench(service: Service, *, sends: int, concurrency: int, runs: int) -> Bench
                 credentials=settings.credentials,
                 project_id=settings.project_id,
                 base_url=settings.base_url,
-                max_workers=concurrency,
+                max_connections=concurrency,
             )
         return asyncio.run(_bench(service, settings, sends, concurrency, runs))
 

@@ -9,8 +9,11 @@ a fake APNs in a child process (its CPU is not the worker's), answering every
 token after 20 ms. Timed from the first delivery to the last ack (aio-pika's
 `IncomingMessage` is wrapped for the run); then the database must show every
 ledger row `sent` and the fake exactly N requests with N distinct apns-ids.
-`provider_only` (`proving.bench.providers`: ApnsProvider alone, same fake, 200 sends
-at a time) runs in every round, so both figures share the machine's weather. Each round's
+`provider_only` (ApnsProvider alone, same fake, as many sends at a time as the
+provider lets the worker have: its `max_in_flight` once connected, and no fewer
+than PROVIDER_CONCURRENCY; a log line per answer, at info, as the worker
+writes) runs in every round, so both figures share the machine's weather.
+Both sides log at info to --log-file, a real file as production writes one. Each round's
 line gives the event loop thread's share of the run on a CPU and waiting for
 one (`ran=`, `waited=`), and the fake's (`fake ran=`): a side near 100% set the pace.
 Worker settings come from the environment (IW_MAX_BATCH, IW_PREFETCH,
@@ -24,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import random
 import signal
 import statistics
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import aio_pika
 import asyncpg
+import structlog
 
 from consumers import (
     App,
@@ -51,13 +54,23 @@ from consumers import (
 from consumers.broker.topology import declare, delete
 from consumers.runtime.collector import collect_less, freeze_started
 from dedupe import migrate, quote_ident
-from providers import ApnsProvider, ApnsSettings, Platform, Provider, Target
+from providers import (
+    ApnsProvider,
+    ApnsSettings,
+    Notification,
+    Platform,
+    Provider,
+    Push,
+    Target,
+    send_ids,
+)
 from proving.bench import schedstat
-from proving.bench.providers import LATENCY, FakeServer, one_run
+from proving.bench.options import DEFAULT_LOG_FILE
+from proving.bench.providers import LATENCY, TOKEN, FakeServer
 from proving.bench.stopwatch import Stopwatch
 from proving.deadlines import ANSWER_S, within
 
-PROVIDER_CONCURRENCY = 200
+PROVIDER_CONCURRENCY = 500  # the provider-only sender's floor: what a push worker may have
 PUBLISH_CHUNK = 500
 RUN_TIMEOUT = 600.0
 
@@ -225,11 +238,27 @@ async def provider_run(fake: FakeServer, sends: int) -> tuple[float, str]:
     assert isinstance(fake.settings, ApnsSettings)
     fake.forget()
     provider = ApnsProvider(fake.settings)
+    push = Push(
+        target=Target(platform=Platform.IOS, token=TOKEN),
+        notification=Notification(title="Your order shipped", body="It arrives Friday"),
+    )
+    await provider.send(push, send_ids("bench-warm-up", TOKEN))  # connected: its limits known
+    in_flight = max(provider.max_in_flight, PROVIDER_CONCURRENCY)
+    log = structlog.get_logger("proving.bench.push")
+    jobs = iter(range(sends))
+
+    async def sender() -> None:
+        for i in jobs:
+            receipt = await provider.send(push, send_ids(f"bench-{i}", TOKEN))
+            log.info("push_sent", message_id=f"bench-{i}", provider_id=receipt.provider_message_id)
+
     before, fake_before, started = schedstat.read(), fake.cpu(), time.perf_counter()
-    rate = await one_run(provider, Platform.IOS, sends, PROVIDER_CONCURRENCY)
+    await asyncio.gather(*(sender() for _ in range(in_flight)))
     after, fake_after, seconds = schedstat.read(), fake.cpu(), time.perf_counter() - started
+    await provider.aclose()
     ours = schedstat.shares(schedstat.between(before, after), seconds)
-    return rate, f"{ours} {_fake_shares(fake_before, fake_after, seconds)}".strip()
+    shares = f"in_flight={in_flight} {ours} {_fake_shares(fake_before, fake_after, seconds)}"
+    return sends / seconds, shares.strip()
 
 
 def _fake_shares(
@@ -330,8 +359,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--log-file",
-        default=os.devnull,
-        help="where the worker's JSON log lines go (default: rendered and dropped)",
+        default=DEFAULT_LOG_FILE,
+        help="where both sides' JSON log lines go (default: %(default)s)",
     )
     args = parser.parse_args(argv)
     base = Settings.from_env()
@@ -353,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
     # The collector as `idempotent-workers run` sets it, for every phase: the bare
     # provider's runs too, so the ratio compares like with like.
     collect_less()
-    # Log lines rendered as JSON and written, as in production, but not onto the table.
+    # Log lines rendered as JSON and written to a file, as in production.
     with open(args.log_file, "wb") as sink:
         configure_logging("info", json=True, file=sink)
         with FakeServer("apns") as fake, asyncio.Runner(loop_factory=_loop(args.loop)) as runner:

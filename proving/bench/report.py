@@ -1,9 +1,13 @@
 """The bench's table and its one-line summary, all figures from the same run.
 
-Two anchors: `ceiling`, timed by the stopwatch like every variant measured
+Anchors: `ceiling`, timed by the stopwatch like every variant measured
 against it, and `bare`, timed from outside with no instrument in its process
 (`proving.bench.untimed`). `framework/bare` is the ratio a user sees;
 `framework/ceiling` compares two consumers that pay the same instrument.
+At our own layer (`proving.bench.anchors`): `aiormq`, aiormq's consumer with
+no database, and `handwritten`, aiormq and asyncpg doing the framework's
+durable work by hand; `framework/handwritten` is what the framework costs
+over the best code written by hand at its layer.
 """
 
 from __future__ import annotations
@@ -14,10 +18,22 @@ from collections.abc import Mapping
 from proving.bench.rounds import Result
 from proving.bench.stopwatch import Timing
 
-LINE_RATES = ("ceiling", "bare", "naive", "faststream", "framework", "framework_batch")
+LINE_RATES = (
+    "ceiling",
+    "bare",
+    "aiormq",
+    "handwritten",
+    "naive",
+    "faststream",
+    "framework",
+    "framework_batch",
+)
 LINE_RATIOS = (
     ("framework", "ceiling"),
     ("framework", "bare"),
+    ("framework", "aiormq"),
+    ("framework", "handwritten"),
+    ("framework_batch", "handwritten"),
     ("framework_batch", "ceiling"),
     ("framework_batch", "bare"),
     ("framework", "faststream"),

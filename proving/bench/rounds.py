@@ -107,6 +107,9 @@ class Rounds:
         self.started = time.monotonic() if started is None else started  # the bench's start
         self._seed = 0
         self.profiles: list[Path] = []  # py-spy's collapsed stacks, one file per sampled run
+        # Around each run's consuming (after its backlog and CHECKPOINT): what the
+        # steady bench measures on the server (`proving.bench.steady`).
+        self.probe: Callable[[Variant], AbstractAsyncContextManager[None]] | None = None
 
     def _run(self, messages: int, timeout: float) -> Run:
         return Run(
@@ -147,7 +150,8 @@ class Rounds:
         n = self.options.slow_messages if variant.slow else self.options.messages
         await self._prepare(keep_claims=keep_claims, backlog=n)
         self.watch.reset(n)
-        async with peak_resident() as peak, self._sampled(variant):
+        probe = self.probe(variant) if self.probe else contextlib.nullcontext()
+        async with peak_resident() as peak, self._sampled(variant), probe:
             # unbounded: _run ends by the round's timeout (options.timeout)
             outside = await variant.consume(self._run(n, self.options.timeout))
         timing = outside or self.watch.timing()

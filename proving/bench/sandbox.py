@@ -37,10 +37,11 @@ INSERT_EFFECTS = (
     "INSERT INTO effects (consumer, tenant, message_id, order_id, total_cents)"
     " SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])"
 )
-# The hand-written consumers' claim of one key (the worker uses dedupe.Inbox).
+# The hand-written consumers' claim of one key (the worker uses dedupe.Inbox): the
+# statement that claims across generations (migration 0012), a row if it claimed.
 CLAIM_ONE = (
-    "INSERT INTO processed_messages (consumer, tenant, message_id, fingerprint)"
-    " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING true"
+    "SELECT true FROM claim_messages(ARRAY[$1]::text[], ARRAY[$2]::text[],"
+    " ARRAY[$3]::text[], ARRAY[$4]::bytea[])"
 )
 
 

@@ -8,6 +8,10 @@ consumes below aio-pika's objects (`consumers.broker.consume`): the same two
 methods of its `RawDelivery` are wrapped alike, its constructor called at the
 point aio-pika's would be. So the bare loops, FastStream and our worker are
 timed by one instrument, and none of them carries timing code of its own.
+The anchors on aiormq's own consumer (`proving.bench.anchors`) are timed by
+the same counts at aiormq's level, installed while they run
+(`aiormq_installed`): the moment aiormq calls the consumer's callback, and
+`basic_ack`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import aiormq
 from aio_pika.message import IncomingMessage
 
 from consumers.broker.consume import RawDelivery
@@ -190,3 +195,38 @@ class Stopwatch:
             for cls, original_init, original_ack in originals:
                 cls.__init__ = original_init
                 cls.ack = original_ack
+
+    @contextmanager
+    def aiormq_installed(self) -> Iterator[Stopwatch]:
+        """Wrap aiormq's consumer callbacks and `basic_ack` for as long as the block runs.
+
+        Only around a consumer written on aiormq itself: the worker's and
+        aio-pika's deliveries are aiormq's too, and would count twice.
+        """
+        watch = self
+        original_consume: Callable[..., Any] = aiormq.Channel.basic_consume
+        original_ack: Callable[..., Any] = aiormq.Channel.basic_ack
+
+        async def basic_consume(
+            channel: Any, queue: str, consumer_callback: Callable[..., Any], **kwargs: Any
+        ) -> Any:
+            async def timed(message: Any) -> None:
+                watch._delivered(channel, message.delivery_tag)
+                await consumer_callback(message)
+
+            return await original_consume(channel, queue, timed, **kwargs)
+
+        async def basic_ack(
+            channel: Any, delivery_tag: int, multiple: bool = False, wait: bool = True
+        ) -> None:
+            await original_ack(channel, delivery_tag, multiple, wait)
+            watch._acked(channel, delivery_tag, multiple)
+
+        # A measuring instrument, installed for the anchor's run only.
+        aiormq.Channel.basic_consume = basic_consume  # type: ignore[method-assign, assignment]
+        aiormq.Channel.basic_ack = basic_ack  # type: ignore[method-assign, assignment]
+        try:
+            yield self
+        finally:
+            aiormq.Channel.basic_consume = original_consume  # type: ignore[method-assign]
+            aiormq.Channel.basic_ack = original_ack  # type: ignore[method-assign]

@@ -22,6 +22,6 @@ async def apns(fake_apns: FakeApns) -> AsyncIterator[ApnsProvider]:
 @pytest.fixture
 async def fcm(fake_fcm: FakeFcm) -> AsyncIterator[FcmProvider]:
     """An FcmProvider pointed at the fake, with a 2 s timeout."""
-    provider = FcmProvider(fake_fcm.settings(timeout_seconds=2.0, max_workers=8))
+    provider = FcmProvider(fake_fcm.settings(timeout_seconds=2.0, max_connections=8))
     yield provider
     await provider.aclose()

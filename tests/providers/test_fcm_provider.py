@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 
 import pytest
@@ -145,3 +146,32 @@ async def test_send_after_aclose_is_transient(fcm: FcmProvider, fake_fcm: FakeFc
     with pytest.raises(TransientProviderError, match="ProviderClosed"):
         await fcm.send(fcm_push("device-1"), ids_for("device-1"))
     assert fake_fcm.requests == []
+
+
+async def test_sends_start_no_thread_once_the_token_is_fetched(fake_fcm: FakeFcm) -> None:
+    # Issue 56: a thread per send in flight (requests under a pool) cost about 1 ms of
+    # CPU per push, twelve times an APNs send; sends run on the caller's event loop.
+    provider = FcmProvider(fake_fcm.settings(timeout_seconds=2.0))
+    try:
+        await provider.send(fcm_push("first"), ids_for("first"))  # the token, fetched
+        threads = threading.active_count()
+        tokens = [f"device-{i}" for i in range(100)]
+        await asyncio.gather(*(provider.send(fcm_push(t), ids_for(t)) for t in tokens))
+        assert threading.active_count() == threads
+    finally:
+        await provider.aclose()
+    assert len(fake_fcm.requests) == 101
+
+
+@pytest.mark.parametrize("status", [307, 308])
+async def test_a_redirect_is_not_followed_with_a_second_post(
+    fcm: FcmProvider, fake_fcm: FakeFcm, status: int
+) -> None:
+    # requests follows a 307/308 with the same POST: a second send of one attempt.
+    fake_fcm.script("device-1", status=status)
+
+    with pytest.raises(PermanentProviderError) as raised:
+        await fcm.send(fcm_push("device-1"), ids_for("device-1"))
+
+    assert raised.value.status == status
+    assert len(fake_fcm.requests) == 1

@@ -64,7 +64,7 @@ async def test_fcm_send_that_cannot_start_before_its_deadline_is_not_made() -> N
     async with FakeFcm() as fake:
         fake.unscripted = FcmReply(latency=LATENCY)
         provider = FcmProvider(
-            fake.settings(timeout_seconds=TIMEOUT, connect_timeout_seconds=0.5, max_workers=2)
+            fake.settings(timeout_seconds=TIMEOUT, connect_timeout_seconds=0.5, max_connections=2)
         )
         try:
             deadline = time.monotonic() + DEADLINE_IN
