@@ -219,9 +219,9 @@ class TenantSettings:
     (IW_TENANT_HELD_DEVICES; None: the queue's push_held_devices, no cap of its
     own); `held_devices_by_tenant`: overrides for named tenants
     (IW_TENANT_HELD_DEVICES_BY_TENANT, a JSON object: `{"acme": 20000}`);
-    `reserved_devices`: held above push_held_devices, for tenants holding nothing
-    (IW_TENANT_RESERVED_DEVICES), so another tenant's large send never leaves
-    a small job without room."""
+    `reserved_devices`: held above push_held_devices by tenants holding less than
+    the tenant holding the most (IW_TENANT_RESERVED_DEVICES), so another
+    tenant's large send never leaves a small job without room."""
 
     held_devices: int | None = None
     held_devices_by_tenant: Mapping[str, int] = field(default_factory=dict)

@@ -75,14 +75,19 @@ def test_a_tenants_job_too_heavy_for_now_is_passed_over_for_the_next_tenants() -
     assert take(buffer, holding) == ["c0"]  # within the limit and the reserve: 951
 
 
-def test_the_reserve_is_for_tenants_holding_nothing_and_bounds_what_is_held() -> None:
+def test_the_reserve_is_for_tenants_holding_less_than_the_most_and_bounds_what_is_held() -> None:
     holding = Holding(limit=1_000, weigh=weigh, reserve=100)
-    holding.take(delivery("a", 1_000, "a0"), 1_000, "a")
-    assert holding.admits(100, "b")  # B holds nothing: within limit + reserve
-    assert not holding.admits(101, "b")
+    a0 = delivery("a", 1_000, "a0")
+    holding.take(a0, 1_000, "a")
+    assert not holding.light("a") and holding.light("b")
+    assert not holding.admits(1, "a")  # the tenant holding the most waits
+    assert holding.admits(100, "b") and not holding.admits(101, "b")  # limit + reserve
     holding.take(delivery("b", 60, "b0"), 60, "b")
-    assert not holding.admits(1, "b")  # B holds something now: the limit is full
+    assert holding.light("b") and holding.admits(40, "b")  # still less than A's
     assert holding.admits(40, "c") and not holding.admits(41, "c")
+    holding.release([a0])  # A settles: B holds the most now, and the limit has room
+    assert not holding.light("b") and holding.light("a")
+    assert holding.admits(940, "b") and not holding.admits(941, "b")
 
 
 def test_a_job_larger_than_every_limit_goes_alone_and_each_tenant_keeps_its_own_limit() -> None:

@@ -10,11 +10,13 @@ take deliveries by weight (`weigh`: the targets a job names), and by tenant:
    own added, stays within the tenant's limit (`tenant_limit`: a default, and
    overrides per tenant), unless the tenant holds nothing;
 2. and while the weights held by every tenant, its own added, stay within
-   `limit`; or within `limit + reserve` for a tenant holding nothing (the
-   reserve is kept for newcomers: a tenant whose large send fills the limit
-   leaves room for another's small job); or when nothing at all is held: a job
-   larger than the limit goes alone, so every job is attempted, whatever its
-   size. Held at once: at most `limit + reserve`, or one job alone;
+   `limit`; or within `limit + reserve` for a light tenant, one holding less
+   than the tenant holding the most (the reserve is kept for them: a tenant
+   whose large send fills the limit leaves room for another's small jobs,
+   and it is the tenant holding the most that waits); or when nothing at all
+   is held: a job larger than the limit goes alone, so every job is
+   attempted, whatever its size. Held at once: at most `limit + reserve`, or
+   one job alone;
 3. its weight is given back once it is settled (`release`, from the runner,
    job by job), and at the latest when its batch ends (the loop);
 4. what does not fit waits in the loop's buffer, unacked: never requeued, no
@@ -35,7 +37,7 @@ from consumers.pipeline.deliveries import Delivery
 
 
 class Holding:
-    """The weight a queue's batches hold: at most `limit` (+ `reserve` for newcomers), or
+    """The weight a queue's batches hold: at most `limit` (+ `reserve` for light tenants), or
     one delivery alone; each tenant at most its `tenant_limit`, or one delivery alone."""
 
     def __init__(
@@ -56,6 +58,7 @@ class Holding:
         self._tenant_limit = limit if tenant_limit is None else tenant_limit
         self._tenant_limits = dict(tenant_limits or {})
         self._by_tenant: dict[str, int] = {}
+        self._most = 0  # what the tenant holding the most holds
         # by id(): deliveries do not hash
         self._taken: dict[int, tuple[Delivery, int, str]] = {}
         self._watching: set[asyncio.Event] = set()
@@ -67,6 +70,11 @@ class Holding:
     def held_by(self, tenant: str) -> int:
         return self._by_tenant.get(tenant, 0)
 
+    def light(self, tenant: str) -> bool:
+        """`tenant` holds nothing, or less than the tenant holding the most."""
+        mine = self._by_tenant.get(tenant, 0)
+        return not mine or mine < self._most
+
     def admits(self, weight: int, tenant: str = "") -> bool:
         """Steps 1 and 2: whether a delivery of `weight` of `tenant` may be taken now."""
         mine = self._by_tenant.get(tenant, 0)
@@ -74,12 +82,14 @@ class Holding:
             return False
         if self.held == 0 or self.held + weight <= self.limit:
             return True
-        return not mine and self.held + weight <= self.limit + self.reserve
+        light = not mine or mine < self._most
+        return light and self.held + weight <= self.limit + self.reserve
 
     def take(self, delivery: Delivery, weight: int, tenant: str = "") -> None:
         self._taken[id(delivery)] = (delivery, weight, tenant)
         self.held += weight
-        self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + weight
+        mine = self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + weight
+        self._most = max(self._most, mine)
 
     def release(self, deliveries: Iterable[Delivery]) -> None:
         """Step 3: give back the weight of these deliveries; twice counts once."""
@@ -90,11 +100,13 @@ class Holding:
                 continue
             _, weight, tenant = taken
             freed += weight
-            left = self._by_tenant[tenant] - weight
-            if left:
-                self._by_tenant[tenant] = left
+            before = self._by_tenant[tenant]
+            if before > weight:
+                self._by_tenant[tenant] = before - weight
             else:
                 del self._by_tenant[tenant]
+            if before == self._most:  # it held the most: who does now
+                self._most = max(self._by_tenant.values(), default=0)
         if freed:
             self.held -= freed
             for wake in self._watching:

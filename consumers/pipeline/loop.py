@@ -14,13 +14,14 @@ An effects queue's loop runs several batches at once, so that a slow device
 holds back only its own. Taking whatever is buffered whenever one of them ends
 made batches of a few jobs under load, each paying a claim and a recording
 transaction. So while one batch is starting (taken, its first answers not yet
-recorded), the next is taken only once the buffer holds a full batch, a tenant
-holding nothing has a delivery waiting, or that start ends: at its first
+recorded), the next is taken only once the buffer holds a full batch, a light
+tenant (one holding less than the tenant holding the most,
+`Holding.light`) has a delivery waiting, or that start ends: at its first
 recording, its end, or after STARTING_SECONDS, the longest a silent device's
 batch holds the next one back. One batch slot more than `at_once` is kept for
-tenants holding nothing: a tenant whose jobs fill every other slot (each held
-until its last answer is recorded) does not make another's one push wait for
-one of them to end.
+light tenants: a tenant whose jobs fill every other slot (each held until its
+last answer is recorded) does not make another's one push wait for one of them
+to end.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class BatchLoop:
         self.stopping = False
         self.queue: aio_pika.abc.AbstractQueue | None = None
         self.consumer_tag: str | None = None
-        # The slot kept for tenants holding nothing: an effects loop's, on top of `at_once`.
+        # The slot kept for light tenants: an effects loop's, on top of `at_once`.
         self._free = at_once if holding is None else at_once + 1
         self._slots = asyncio.Semaphore(self._free)
         if holding is not None:
@@ -122,11 +123,11 @@ class BatchLoop:
                 await self._slots.acquire()  # a batch in flight ended, or none is
                 self._free -= 1
                 self.wake.clear()  # what comes after this look wakes the wait below
-                batch = self._take(newcomers_only=self.holding is not None and not self._free)
+                batch = self._take(light_only=self.holding is not None and not self._free)
                 if not batch:  # drained while waiting for a slot, all stale, or no room
                     self._release_slot(wake=False)
                     if self.buffer and self.holding is not None:
-                        # A job held settles (room), or a newcomer's delivery arrives.
+                        # A job held settles (room), or a light tenant's delivery arrives.
                         await self.wake.wait()
                     continue
                 self._count_in_flight(len(self.buffer))
@@ -149,22 +150,22 @@ class BatchLoop:
                 await self.runner.close()  # the pool closes once its connections are back
 
     def _held_back(self) -> bool:
-        """A batch is starting, the buffer holds less than a full one, and no tenant
-        holding nothing waits in it."""
+        """A batch is starting, the buffer holds less than a full one, and no light
+        tenant waits in it."""
         return (
             self._hold_back
             and self._starting > 0
             and len(self.buffer) < self.max_batch
             and not self.stopping
-            and not self._newcomer_waiting()
+            and not self._light_waiting()
         )
 
-    def _newcomer_waiting(self) -> bool:
-        """A tenant that holds nothing has a delivery in the buffer."""
+    def _light_waiting(self) -> bool:
+        """A light tenant (`Holding.light`) has a delivery in the buffer."""
         holding, buffer = self.holding, self.buffer
         if holding is None or not isinstance(buffer, TenantBuffer):
             return False
-        return any(not holding.held_by(tenant) for tenant in buffer.tenants())
+        return any(holding.light(tenant) for tenant in buffer.tenants())
 
     def _release_slot(self, *, wake: bool = True) -> None:
         self._free += 1
@@ -190,10 +191,10 @@ class BatchLoop:
         timer = asyncio.get_running_loop().call_later(STARTING_SECONDS, end)
         return end
 
-    def _take(self, *, newcomers_only: bool = False) -> list[Delivery]:
+    def _take(self, *, light_only: bool = False) -> list[Delivery]:
         """Up to `max_batch` deliveries that fit the holding (if any), skipping those of a
-        channel closed since; with `newcomers_only` (the last slot), only deliveries of
-        tenants holding nothing.
+        channel closed since; with `light_only` (the last slot), only deliveries of
+        light tenants.
 
         The broker took those back when their channel closed and redelivers
         them on the new one: run anyway, each would cost a handler call and an
@@ -207,7 +208,7 @@ class BatchLoop:
         else:
 
             def admit(delivery: Delivery, weight: int, tenant: str) -> bool:
-                if newcomers_only and holding.held_by(tenant):
+                if light_only and not holding.light(tenant):
                     return False
                 if not holding.admits(weight, tenant):
                     return False  # waits in the buffer, unacked, for room
