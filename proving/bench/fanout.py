@@ -10,23 +10,24 @@ processes (`proving.bench.fanout_app`, every setting at its default: lease
 30 s, provider timeouts 10 s, FCM's and APNs' connection limits) sending to a
 fake FCM or APNs served by this process, answering every request after the
 latency. The first worker consumes before the publish; the others start with
-it, or `--join-after S` seconds after the publish (a send under way). Timed
-from the publish to the last request the fake received; the run then needs
+it, or `--join-after S` seconds after the publish (a send under way). Each worker
+sends to fakes of its own, so the devices each sent are counted apart. Timed
+from the publish to the last request a fake received; the run then needs
 every ledger row `sent` and exactly N requests, one per device. Each worker's
-peak resident set is its VmHWM (/proc/PID/status) at the end, and the share
-of the devices each sent is read from the fake (APNs: its connections; FCM:
-not told apart). One line per run, with the 1-minute load average at its
-start and end (the machine may be shared):
+peak resident set is its VmHWM (/proc/PID/status) at the end. One line per
+run, with the 1-minute load average at its start and end (the machine may be
+shared):
 
     fanout_bench: platform=P devices=N workers=W join_after_s=S parts=...
-      first_device_s=... last_device_s=... devices_per_s=... worker_peak_rss_mb=a,b
-      sent_twice=0 load=x,y latency_ms=L
+      first_device_s=... last_device_s=... devices_per_s=... sent_by_worker=a,b
+      worker_peak_rss_mb=a,b sent_twice=0 load=x,y latency_ms=L
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
@@ -53,7 +54,8 @@ RUN_TIMEOUT = 1800.0
 
 
 class Run:
-    """One run's fakes, schema, queue and worker processes."""
+    """One run's schema, queue, worker processes and their fakes (one APNs and one FCM
+    per worker, so each fake's requests are one worker's)."""
 
     def __init__(self, settings: Settings, platform: Platform, latency: float, work: Path) -> None:
         self.settings = settings
@@ -63,19 +65,39 @@ class Run:
         self.schema = f"fanout_{uuid.uuid4().hex[:8]}"
         self.queue = f"fanout-{uuid.uuid4().hex[:8]}"
         self.workers: list[asyncio.subprocess.Process] = []
-        self.env: dict[str, str] = {}
+        self.fakes: list[tuple[FakeApns, FakeFcm]] = []
 
-    async def start_worker(self) -> asyncio.subprocess.Process:
-        log = (self.work / f"worker-{self.schema}-{len(self.workers)}.log").open("wb")
+    def received(self) -> list[list[tuple[str, float]]]:
+        """Per worker, (token, when read) of each request its fake read."""
+        ios = self.platform is Platform.IOS
+        return [
+            [(r.token, r.received_at) for r in (apns.requests if ios else fcm.requests)]
+            for apns, fcm in self.fakes
+        ]
+
+    async def start_worker(self, stack: contextlib.AsyncExitStack) -> None:
+        n = len(self.workers)
+        apns = await stack.enter_async_context(FakeApns(unscripted=ApnsReply(latency=self.latency)))
+        fcm = await stack.enter_async_context(FakeFcm())
+        fcm.unscripted = FcmReply(latency=self.latency)
+        self.fakes.append((apns, fcm))
+        keys = self.work / f"{self.schema}-{n}"  # each fake APNs signs with a key of its own
+        keys.mkdir()
+        env = {
+            **os.environ,
+            **fakes_env(apns, fcm, keys, "FANOUT_"),
+            "DATABASE_SCHEMA": self.schema,
+            "FANOUT_QUEUE": self.queue,
+        }
+        log = (self.work / f"worker-{self.schema}-{n}.log").open("wb")
         worker = await asyncio.create_subprocess_exec(
             sys.executable,
             *("-m", "consumers", "--log-level", "warning", "run", "proving.bench.fanout_app:app"),
-            env=self.env,
+            env=env,
             stdout=log,
             stderr=log,
         )
         self.workers.append(worker)
-        return worker
 
     async def stop_workers(self) -> None:
         for worker in self.workers:
@@ -100,24 +122,17 @@ async def one_run(
     load = os.getloadavg()[0]
     try:
         await migrate(admin, run.schema)
-        async with FakeApns(unscripted=ApnsReply(latency=latency)) as apns, FakeFcm() as fcm:
-            fcm.unscripted = FcmReply(latency=latency)
-            run.env = {
-                **os.environ,
-                **fakes_env(apns, fcm, work, "FANOUT_"),
-                "DATABASE_SCHEMA": run.schema,
-                "FANOUT_QUEUE": run.queue,
-            }
+        async with contextlib.AsyncExitStack() as stack:
             try:
                 together = workers if join_after <= 0 else 1
                 for _ in range(together):
-                    await run.start_worker()
+                    await run.start_worker(stack)
                 await _wait_consuming(settings.amqp.urls[0], run.queue, together)
                 if profile is None:
-                    line = await _send(run, admin, apns, fcm, devices, workers, join_after)
+                    line = await _send(run, stack, admin, devices, workers, join_after)
                 else:  # the first worker, sampled from before the publish to the last device
                     async with sampled(profile, run.workers[0].pid):
-                        line = await _send(run, admin, apns, fcm, devices, workers, join_after)
+                        line = await _send(run, stack, admin, devices, workers, join_after)
             finally:
                 await run.stop_workers()
             return f"{line} load={load:.1f},{os.getloadavg()[0]:.1f} latency_ms={latency * 1000:g}"
@@ -131,9 +146,8 @@ async def one_run(
 
 async def _send(
     run: Run,
+    stack: contextlib.AsyncExitStack,
     admin: asyncpg.Connection,
-    apns: FakeApns,
-    fcm: FakeFcm,
     devices: int,
     workers: int,
     join_after: float,
@@ -154,7 +168,7 @@ async def _send(
     if join_after > 0:
         await asyncio.sleep(max(0.0, started + join_after - time.monotonic()))
         for _ in range(workers - 1):
-            await run.start_worker()
+            await run.start_worker(stack)
     deadline = started + RUN_TIMEOUT
     while (
         await admin.fetchval(
@@ -165,27 +179,21 @@ async def _send(
         if time.monotonic() > deadline:
             raise SystemExit(f"fanout: not every device sent within {RUN_TIMEOUT:g} s")
         await asyncio.sleep(0.5)
-    received = [r.received_at for r in (apns.requests if platform == "ios" else fcm.requests)]
-    posts = Counter(r.token for r in (apns.requests if platform == "ios" else fcm.requests))
+    by_worker = run.received()
+    received = [at for one in by_worker for _, at in one]
+    posts = Counter(token for one in by_worker for token, _ in one)
     first, last = min(received) - started, max(received) - started
     twice = sum(n > 1 for n in posts.values())
     if len(posts) != devices:
         raise SystemExit(f"fanout: {len(posts)} devices got a request, not {devices}")
     peaks = ",".join(f"{_peak_mb(w.pid):.0f}" for w in run.workers)
+    sent = ",".join(str(len(one)) for one in by_worker)
     return (
         f"fanout_bench: platform={platform} devices={devices} workers={workers}"
         f" join_after_s={join_after:g} parts={parts} first_device_s={first:.1f}"
         f" last_device_s={last:.1f} devices_per_s={devices / last:.0f}"
-        f" worker_peak_rss_mb={peaks} sent_twice={twice}{_shares(apns, platform)}"
+        f" sent_by_worker={sent} worker_peak_rss_mb={peaks} sent_twice={twice}"
     )
-
-
-def _shares(apns: FakeApns, platform: str) -> str:
-    """APNs: the devices each worker's connections carried (a worker opens its own)."""
-    if platform != "ios":
-        return ""
-    by_connection = Counter(r.connection_id for r in apns.requests)
-    return f" requests_per_connection={sorted(by_connection.values(), reverse=True)}"
 
 
 async def _wait_consuming(url: str, queue: str, workers: int) -> None:
