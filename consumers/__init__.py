@@ -8,6 +8,7 @@ a public face of its own, as structlog's `testing` is.
 """
 
 from consumers.effects.circuit import CircuitState, CircuitView
+from consumers.fleet import ProviderQuota, QuotaSettings, TenantSettings
 from consumers.handlers.app import App
 from consumers.handlers.context import Batch, Context
 from consumers.handlers.faults import NO_FAULTS, CrashPoint, Faults, NoFaults
@@ -68,13 +69,10 @@ from consumers.runtime.worker import Worker
 from consumers.settings import (
     AmqpSettings,
     DatabaseSettings,
-    ProviderQuota,
     QueueType,
-    QuotaSettings,
     RelaySettings,
     RetentionSettings,
     Settings,
-    TenantSettings,
     TracingSettings,
     WebhookSettings,
     WorkerSettings,

@@ -42,7 +42,8 @@ from typing import Any
 import asyncpg
 import structlog
 
-from consumers.settings import ProviderQuota, Settings
+from consumers.fleet import ProviderQuota
+from consumers.settings import Settings
 from consumers.telemetry.metrics import Metrics
 from dedupe import QUOTA_CHANNEL, ProviderQuotas, paused_notice
 from dedupe.lost import dropped_if_demoted

@@ -20,12 +20,11 @@ cover stays unacked and the broker redelivers it.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import aio_pika
@@ -38,42 +37,32 @@ from consumers.broker.consume import DirectConsumer
 from consumers.broker.headers import read_leniently
 from consumers.broker.topology import declarations, declare
 from consumers.effects.circuit import Circuits, CircuitState, CircuitView
-from consumers.effects.gate import ProviderGate
 from consumers.effects.lease import check_lease, check_recovery
 from consumers.effects.quota import FleetQuotas
 from consumers.effects.runner import EffectsRunner
 from consumers.handlers.app import App
-from consumers.handlers.retry import bulk_lane
 from consumers.handlers.spec import HandlerSpec
 from consumers.message.decisions import ConfigurationError
 from consumers.message.verdict import error_text
 from consumers.pipeline.acks import AckWindow
 from consumers.pipeline.batch import BatchRunner
 from consumers.pipeline.deadline import longest_deadline
-from consumers.pipeline.deliveries import Delivery
-from consumers.pipeline.holding import Holding
 from consumers.pipeline.loop import BatchLoop
 from consumers.pipeline.runner import Runner
 from consumers.pipeline.settle import Dispatcher
 from consumers.publishing.relay import Relay
+from consumers.runtime.effects_queue import EffectsShared, effects_shared, lanes
+from consumers.runtime.pool import create_pool
 from consumers.runtime.replication import check_replication
 from consumers.settings import Settings
 from consumers.telemetry.health import CHECK_TIMEOUT_SECONDS, Status
 from consumers.telemetry.metrics import Metrics
-from dedupe import Inbox, SendLedger, TableStats, check_schema, quote_ident, table_stats
+from dedupe import Inbox, SendLedger, TableStats, check_schema, table_stats
 from providers import Sender
 
 log = structlog.get_logger(__name__)
 
 EFFECTS_BATCHES_AT_ONCE = 8  # per channel: a slow target holds back only its own batch
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Shared:
-    """What an effects queue's channels (its lanes, its `concurrency`) share in a process."""
-
-    holding: Holding
-    gate: ProviderGate
 
 
 class Worker:
@@ -214,26 +203,9 @@ class Worker:
         # Its kind, given this worker's pool and settings.
         effects = replace(effects, kind=effects.kind.bound(self.pool, self.settings))
         spec = replace(spec, effects=effects)
-
-        def weigh(delivery: Delivery) -> int:
-            return effects.kind.weigh(delivery.body, max_body_bytes=ws.max_body_bytes)
-
-        tenants = self.settings.tenants
-        shared = _Shared(
-            # The targets its channels' batches hold, all of them, by tenant.
-            holding=Holding(
-                limit=ws.push_held_devices,
-                weigh=weigh,
-                reserve=tenants.reserved_devices,
-                tenant_limit=tenants.held_devices,
-                tenant_limits=tenants.held_devices_by_tenant,
-            ),
-            gate=ProviderGate(),  # the provider's sends in flight, every lane's
-        )
-        for n in range(ws.concurrency):
-            await self._consume(spec, spec.queue, ws.push_prefetch, n, dispatcher, inbox, shared)
-        lane = bulk_lane(spec.queue)  # the parts of large sends: a few more than it holds
-        await self._consume(spec, lane, ws.bulk_prefetch, 0, dispatcher, inbox, shared)
+        shared = effects_shared(effects.kind, self.settings)
+        for lane in lanes(spec.queue, self.settings):
+            await self._consume(spec, lane.queue, lane.prefetch, lane.n, dispatcher, inbox, shared)
 
     async def _consume(
         self,
@@ -243,7 +215,7 @@ class Worker:
         n: int,
         dispatcher: Dispatcher,
         inbox: Inbox,
-        shared: _Shared | None,
+        shared: EffectsShared | None,
     ) -> None:
         """One channel consuming `queue_name` (the handler's queue, or its bulk lane) into
         a batch loop of its own; an effects queue's loops share `shared`."""
@@ -406,37 +378,3 @@ async def _close_logged(what: str, close: Callable[[], Awaitable[object]]) -> No
         log.error("close_failed", what=what, exc_info=True)
     except Exception:
         log.exception("close_failed", what=what)
-
-
-async def create_pool(
-    settings: Settings,
-    *,
-    min_size: int = 1,
-    name: str = "idempotent-workers",
-    backstop_seconds: float | None = None,
-) -> asyncpg.Pool:
-    """An asyncpg pool whose search_path starts with the configured schema.
-
-    `name` becomes the sessions' application_name, so `pg_stat_activity`
-    shows which worker holds which connection. `backstop_seconds` sets the
-    sessions' `statement_timeout` and `idle_in_transaction_session_timeout`:
-    should a handler's deadline not end its transaction (the process stuck),
-    the server ends it, and the claims it held free the other workers.
-    """
-    db = settings.database
-    server_settings = {
-        "search_path": f"{quote_ident(db.schema)}, public",
-        "application_name": name[:63],
-    }
-    if backstop_seconds is not None:
-        limit = str(math.ceil(backstop_seconds * 1000))
-        server_settings["statement_timeout"] = limit
-        server_settings["idle_in_transaction_session_timeout"] = limit
-    pool = await asyncpg.create_pool(
-        db.url,
-        min_size=min_size,
-        max_size=max(db.pool_size, min_size),
-        server_settings=server_settings,
-    )
-    assert pool is not None
-    return pool
