@@ -88,7 +88,8 @@ class Accepted:
 class TargetState:
     index: int
     status: str  # `pending` until the worker writes the ledger row, then the ledger's
-    platform: str | None = None
+    platform: str | None = None  # the ledger row's channel
+    address: str | None = None  # the ledger row's: a device token, an endpoint's id
     provider_message_id: str | None = None
     failure_reason: str | None = None
 
@@ -236,7 +237,9 @@ class Messages:
 
     async def find(self, conn: DbConnection, tenant: str, message: uuid.UUID) -> MessageView | None:
         """The message, its devices counted (and listed, up to LISTED_TARGETS) across its
-        parts by their ledger states; None if it is not this tenant's."""
+        parts by their ledger states; None if it is not this tenant's. Targets past the
+        count stored at accept are the worker's choice (a webhook's endpoints, stored
+        as 0): listed, and counted, as the ledger has them."""
         row = await conn.fetchrow(
             f"SELECT queue, targets, status, created_at, updated_at FROM {self._messages}"
             " WHERE id = $1 AND tenant = $2",
@@ -254,13 +257,14 @@ class Messages:
             )
         }
         sent, failed = counts.get("sent", 0), counts.get("failed", 0)
+        targets = max(row[1], sum(counts.values()))
         listed: tuple[TargetState, ...] = ()
-        if row[1] <= LISTED_TARGETS:
+        if targets <= LISTED_TARGETS:
             part = {part_id: k for k, part_id in enumerate(ids)}
             sends = {}
             for r in await conn.fetch(
                 "SELECT message_id, target_index, status, channel, provider_message_id,"
-                f" failure_reason{where}",
+                f" failure_reason, address{where}",
                 row[0],
                 tenant,
                 ids,
@@ -270,11 +274,12 @@ class Messages:
                     index=index,
                     status=r[2],
                     platform=r[3],
+                    address=r[6],
                     provider_message_id=r[4],
                     failure_reason=r[5],
                 )
             listed = tuple(
-                sends.get(n, TargetState(index=n, status="pending")) for n in range(row[1])
+                sends.get(n, TargetState(index=n, status="pending")) for n in range(targets)
             )
         return MessageView(
             id=message,
@@ -284,7 +289,7 @@ class Messages:
             targets=listed,
             sent=sent,
             failed=failed,
-            pending=row[1] - sent - failed,
+            pending=targets - sent - failed,
         )
 
     async def cancel(self, tx: DbConnection, tenant: str, message: uuid.UUID) -> Transition:

@@ -11,6 +11,10 @@ Rotation: `rotate` makes a new secret and sets the live ones to expire `overlap`
 from now; until then every call is signed by each (the receiver may verify with
 either), afterwards by the new one alone. `signing` reads what a call needs: the
 URL and the live secrets, decrypted, newest first.
+
+`tenant=` on a change (rotate, disable, enable, remove) keeps it to that tenant's
+endpoints: another tenant's id is not found (the send API's routes, per API key);
+without it (the operator's commands, the worker's 410) any endpoint is.
 """
 
 from __future__ import annotations
@@ -81,6 +85,9 @@ class SigningEndpoint:
     url: str
     disabled_reason: str | None
     secrets: tuple[str, ...] = field(repr=False)
+
+
+_OF_TENANT = "($2::text IS NULL OR tenant = $2)"  # a change's tenant= (module docstring)
 
 
 def new_secret() -> str:
@@ -176,7 +183,13 @@ class WebhookEndpoints:
         ]
 
     async def rotate(
-        self, conn: DbConnection, endpoint_id: str, *, overlap: timedelta, box: SecretBox
+        self,
+        conn: DbConnection,
+        endpoint_id: str,
+        *,
+        overlap: timedelta,
+        box: SecretBox,
+        tenant: str | None = None,
     ) -> str | None:
         """A new secret for the endpoint (returned here, never again); the live ones
         expire `overlap` from now (or sooner, if they were to already). None: no such
@@ -184,7 +197,9 @@ class WebhookEndpoints:
         secret = new_secret()
         async with conn.transaction():
             found = await conn.fetchval(
-                f"SELECT id FROM {self._endpoints} WHERE id = $1 FOR UPDATE", endpoint_id
+                f"SELECT id FROM {self._endpoints} WHERE id = $1 AND {_OF_TENANT} FOR UPDATE",
+                endpoint_id,
+                tenant,
             )
             if found is None:
                 return None
@@ -202,28 +217,38 @@ class WebhookEndpoints:
             await self._add_secret(conn, endpoint_id, secret, box)
         return secret
 
-    async def disable(self, conn: DbConnection, endpoint_id: str, *, reason: str) -> bool:
+    async def disable(
+        self, conn: DbConnection, endpoint_id: str, *, reason: str, tenant: str | None = None
+    ) -> bool:
         """Disable an enabled endpoint; False if there is none enabled by that id."""
         status = await conn.execute(
-            f"UPDATE {self._endpoints} SET disabled_at = now(), disabled_reason = $2"
-            " WHERE id = $1 AND disabled_at IS NULL",
+            f"UPDATE {self._endpoints} SET disabled_at = now(), disabled_reason = $3"
+            f" WHERE id = $1 AND {_OF_TENANT} AND disabled_at IS NULL",
             endpoint_id,
+            tenant,
             reason,
         )
         return status != "UPDATE 0"
 
-    async def enable(self, conn: DbConnection, endpoint_id: str) -> bool:
+    async def enable(
+        self, conn: DbConnection, endpoint_id: str, *, tenant: str | None = None
+    ) -> bool:
         """Enable a disabled endpoint; False if there is none disabled by that id."""
         status = await conn.execute(
             f"UPDATE {self._endpoints} SET disabled_at = NULL, disabled_reason = NULL"
-            " WHERE id = $1 AND disabled_at IS NOT NULL",
+            f" WHERE id = $1 AND {_OF_TENANT} AND disabled_at IS NOT NULL",
             endpoint_id,
+            tenant,
         )
         return status != "UPDATE 0"
 
-    async def remove(self, conn: DbConnection, endpoint_id: str) -> bool:
+    async def remove(
+        self, conn: DbConnection, endpoint_id: str, *, tenant: str | None = None
+    ) -> bool:
         """Delete an endpoint and its secrets; False if there is none by that id."""
-        status = await conn.execute(f"DELETE FROM {self._endpoints} WHERE id = $1", endpoint_id)
+        status = await conn.execute(
+            f"DELETE FROM {self._endpoints} WHERE id = $1 AND {_OF_TENANT}", endpoint_id, tenant
+        )
         return status != "DELETE 0"
 
     async def subscriptions(self, conn: DbConnection, tenants: Sequence[str]) -> list[Subscription]:

@@ -1,4 +1,5 @@
-"""The HTTP send API: push jobs in over HTTP with idempotency keys, and its retrying client.
+"""The HTTP send API: push, webhook and e-mail jobs in over HTTP with idempotency keys, and
+its retrying client.
 
 `idempotent-workers serve` runs the API (the `serve` extra: FastAPI, uvicorn);
 `ingress.client.SendClient` calls it (the `client` extra: httpx). Names load
@@ -13,7 +14,7 @@ from ingress.settings import DEFAULT_PUSH_QUEUE, IngressSettings
 
 if TYPE_CHECKING:
     from ingress.api import create_app
-    from ingress.client import Backoff, GaveUp, Refused, SendClient, SendError, Sent
+    from ingress.client import Backoff, GaveUp, JobKind, Refused, SendClient, SendError, Sent
     from ingress.keys import ApiKeys
 
 _LAZY = {
@@ -21,6 +22,7 @@ _LAZY = {
     "ApiKeys": "ingress.keys",
     "Backoff": "ingress.client",
     "GaveUp": "ingress.client",
+    "JobKind": "ingress.client",
     "Refused": "ingress.client",
     "SendClient": "ingress.client",
     "SendError": "ingress.client",
@@ -42,6 +44,7 @@ __all__ = [
     "Backoff",
     "GaveUp",
     "IngressSettings",
+    "JobKind",
     "Refused",
     "SendClient",
     "SendError",

@@ -1,10 +1,14 @@
-"""The HTTP send API as a FastAPI app: POST a push job with an idempotency key, read it, cancel it.
+"""The HTTP send API as a FastAPI app: POST a job with an idempotency key, read it, cancel it.
 
-ingress.routes      the three routes, POST /v1/messages top to bottom
+ingress.routes      push jobs in, any message read or cancelled; POST /v1/messages top to bottom
+ingress.webhooks    webhook jobs in (POST /v1/webhooks), the same contract
+ingress.emails      e-mail jobs in (POST /v1/emails), the same contract
+ingress.endpoints   the tenant's webhook endpoints and their signing secrets
+ingress.accept      the steps every job route ends with: fingerprint, commit, answer
 ingress.reading     what a request brings: headers, tenant, body, key
 ingress.refusals    every answer other than success, and the handlers writing them
 ingress.openapi     what /openapi.json says beyond what FastAPI sees
-ingress.commit      the group committer the send route hands its rows to
+ingress.commit      the group committer the job routes hand their rows to
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import structlog
 from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
 
-from consumers import DatabaseSettings, tracing
-from dedupe import Messages, check_schema
-from ingress import openapi, routes
+from consumers import DatabaseSettings, WebhookSettings, tracing
+from consumers.jobs.webhook_endpoints import secret_box
+from dedupe import Messages, WebhookEndpoints, check_schema
+from ingress import emails, endpoints, openapi, routes, webhooks
 from ingress.commit import Committer
 from ingress.keys import ApiKeys
 from ingress.reading import Running
@@ -41,8 +46,18 @@ def server_spans() -> TelemetryConfig:
     return {"tracer_provider": provider, "metrics": False, "logs": False, "operation_spans": False}
 
 
-def create_app(settings: IngressSettings, database: DatabaseSettings) -> FastAPI:
-    """The app; its lifespan opens the pool and starts the group committer."""
+def create_app(
+    settings: IngressSettings,
+    database: DatabaseSettings,
+    *,
+    webhook_settings: WebhookSettings | None = None,
+) -> FastAPI:
+    """The app; its lifespan opens the pool and starts the group committer.
+
+    `webhook_settings`: the endpoints' rules and the key of their secrets
+    (`Settings.webhooks`, IW_WEBHOOK_*); without a key the routes that make a secret
+    answer 503. A key that is no Fernet key raises `ConfigurationError`."""
+    given = webhook_settings or WebhookSettings()
     running = Running(
         settings=settings,
         keys=ApiKeys(
@@ -51,6 +66,9 @@ def create_app(settings: IngressSettings, database: DatabaseSettings) -> FastAPI
             bad_key_seconds=settings.bad_key_seconds,
         ),
         messages=Messages(database.schema),
+        endpoints=WebhookEndpoints(database.schema),
+        webhooks=given,
+        box=secret_box(given.secrets_keys) if given.secrets_keys else None,
     )
 
     @asynccontextmanager
@@ -65,7 +83,14 @@ def create_app(settings: IngressSettings, database: DatabaseSettings) -> FastAPI
         )
         committer.start()
         running.pool, running.committer = pool, committer
-        log.info("ingress_started", queue=settings.queue, schema=database.schema)
+        log.info(
+            "ingress_started",
+            queue=settings.queue,
+            webhook_queue=settings.webhook_queue,
+            email_queue=settings.email_queue,
+            schema=database.schema,
+            webhook_secrets_key=running.box is not None,
+        )
         try:
             yield
         finally:
@@ -75,13 +100,17 @@ def create_app(settings: IngressSettings, database: DatabaseSettings) -> FastAPI
     app = FastAPI(
         title="idempotent-workers send API",
         version="1",
-        description="Push jobs in over HTTP, each once, whatever the client retries.",
+        description="Push, webhook and e-mail jobs in over HTTP, each once, whatever the client"
+        " retries.",
         lifespan=lifespan,
         telemetry=server_spans(),
     )
     app.state.running = running
     add_exception_handlers(app)
     app.include_router(routes.router)
+    app.include_router(webhooks.router)
+    app.include_router(emails.router)
+    app.include_router(endpoints.router)
 
     def document() -> dict[str, Any]:
         return openapi.document(app)

@@ -1,4 +1,4 @@
-"""The send route's body: read up to a limit, decoded once, checked by the push worker's own rules.
+"""A send's body: read up to a limit, decoded once, checked by its worker's own rules.
 
     read_body     413 from Content-Length before a byte of the body is read;
                   a chunked body is read piece by piece and refused (413) once
@@ -9,8 +9,10 @@
                   more values than a send holds, 400 before decoding
     validated     the body's shape (`SendRequest`; a 400 lists up to
                   MAX_DETAILS wrong fields), then `consumers.jobs.push.parse_push_job`,
-                  the worker's own rules: what the door answers 202 the
-                  worker attempts, never dead-letters as invalid
+                  the worker's own rules (with the Web Push hosts the workers
+                  allow): what the door answers 202 the worker attempts, never
+                  dead-letters as invalid
+    shaped, job_refused   the same two steps for any kind's model and parser
 
 A 413 closes the connection (`Connection: close`), so the rest of an
 oversized body is not read either. A client gone before its body was whole
@@ -23,18 +25,27 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Set
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from consumers import InvalidPushJob, parse_push_job
+from consumers import InvalidJob, InvalidPushJob, PushJob, parse_push_job
 from consumers.jobs.push import MAX_AUDIENCE, apns_payload_problem
 from consumers.runtime.http_limits import BodyTooLarge, ClientGone, read_within
-from ingress.models import NotificationIn, SendRequest, TargetIn
+from ingress.models import (
+    TARGET_FIELDS,
+    TARGET_SHAPES,
+    NotificationIn,
+    SendRequest,
+    SubscriptionKeys,
+)
 from ingress.refusals import CLIENT_GONE, Refusal, field_name, invalid
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def too_large(limit: int) -> Refusal:
@@ -69,13 +80,14 @@ def _finite(text: str) -> float:
     return value
 
 
-# A send holds at most this many JSON values: each target an object of two (three
-# bytes among `{`, `,` and `[`), the rest a few thousand at most (its strings
-# hold no more, within APNs's payload limit). Counted from those bytes before
+# A send holds at most this many JSON values: each target a token's object of two
+# (three bytes among `{`, `,` and `[`) or a subscription's of four, its keys an
+# object of two (seven bytes), the rest a few thousand at most (its strings hold
+# no more, within APNs's payload limit). Counted from those bytes before
 # decoding, whose Python objects cost tens of times the bytes: a 64 MiB body of
 # zeros would be 32 million of them. A comma inside a string counts too, so the
 # count is never under the truth.
-MAX_JSON_VALUES = 4 * MAX_AUDIENCE + 10_000
+MAX_JSON_VALUES = 8 * MAX_AUDIENCE + 10_000
 
 
 def decode_body(content_type: str, raw: bytes) -> dict[str, Any]:
@@ -101,7 +113,7 @@ def decode_body(content_type: str, raw: bytes) -> dict[str, Any]:
 # A 400 lists at most this many problems. Each costs memory to find and to say: a
 # body of unknown fields of 9 bytes each holds millions in the request limit.
 MAX_DETAILS = 20
-_EXTRA = "Extra inputs are not permitted"  # pydantic's words, so both kinds read alike
+EXTRA = "Extra inputs are not permitted"  # pydantic's words, so both kinds read alike
 
 
 def _open_ended(body: dict[str, Any]) -> Iterator[tuple[str, str]]:
@@ -109,14 +121,10 @@ def _open_ended(body: dict[str, Any]) -> Iterator[tuple[str, str]]:
     (which would build an error for every one): unknown fields at any level, and
     `notification.data` entries that are no text. Targets need no walk of their
     own: their field says `fail_fast` to pydantic."""
-    for key in body:
-        if key not in SendRequest.model_fields:
-            yield key, _EXTRA
+    yield from unknown_fields(body, SendRequest)
     note = body.get("notification")
     if isinstance(note, dict):
-        for key in note:
-            if key not in NotificationIn.model_fields:
-                yield f"notification.{key}", _EXTRA
+        yield from unknown_fields(note, NotificationIn, "notification.")
         data = note.get("data")
         if isinstance(data, dict):
             for key, value in data.items():
@@ -127,11 +135,24 @@ def _open_ended(body: dict[str, Any]) -> Iterator[tuple[str, str]]:
         for n, target in enumerate(targets[:MAX_AUDIENCE]):
             if isinstance(target, dict):
                 for key in target:
-                    if key not in TargetIn.model_fields:
-                        yield f"targets.{n}.{key}", _EXTRA
+                    if key not in TARGET_FIELDS:
+                        yield f"targets.{n}.{key}", EXTRA
+                keys = target.get("keys")
+                if isinstance(keys, dict):
+                    yield from unknown_fields(keys, SubscriptionKeys, f"targets.{n}.keys.")
 
 
-def _listed(problems: Iterable[tuple[str, str]]) -> Refusal:
+def unknown_fields(
+    value: dict[str, Any], model: type[BaseModel], prefix: str = ""
+) -> Iterator[tuple[str, str]]:
+    """A problem for each field of `value` that `model` does not have (by its JSON name)."""
+    known = {field.alias or name for name, field in model.model_fields.items()}
+    for key in value:
+        if key not in known:
+            yield f"{prefix}{key}", EXTRA
+
+
+def listed(problems: Iterable[tuple[str, str]]) -> Refusal:
     """400 invalid_request with the first MAX_DETAILS problems, saying if more went unlisted."""
     first = list(itertools.islice(problems, MAX_DETAILS + 1))
     if len(first) > MAX_DETAILS:
@@ -139,24 +160,53 @@ def _listed(problems: Iterable[tuple[str, str]]) -> Refusal:
     return invalid(*first)
 
 
-def validated(body: dict[str, Any]) -> SendRequest:
-    """`body` as a push job the worker will attempt; 400 naming what is wrong (at most
-    MAX_DETAILS problems, then a line saying there were more)."""
-    if open_ended := list(itertools.islice(_open_ended(body), MAX_DETAILS + 1)):
-        raise _listed(open_ended)
+def shaped(model: type[M], body: dict[str, Any], open_ended: Iterable[tuple[str, str]]) -> M:
+    """`body` as `model`; 400 listing what is wrong, the `open_ended` problems (those a
+    body can hold without bound, found by the caller) first and alone if any."""
+    if found := list(itertools.islice(open_ended, MAX_DETAILS + 1)):
+        raise listed(found)
     try:
-        request = SendRequest.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as exc:
-        raise _listed((field_name(("body", *e["loc"])), e["msg"]) for e in exc.errors()) from None
-    try:
-        job = parse_push_job(body, max_targets=MAX_AUDIENCE)  # more than a job holds: parts
+        raise listed(
+            (field_name(("body", *_untagged(e["loc"]))), e["msg"]) for e in exc.errors()
+        ) from None
+
+
+def _untagged(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """`loc` without the shape pydantic names after a target's index."""
+    if len(loc) > 2 and loc[0] == "targets" and loc[2] in TARGET_SHAPES:
+        return (*loc[:2], *loc[3:])
+    return loc
+
+
+def job_refused(exc: InvalidJob) -> Refusal:
+    """400 naming the field a job parser refused (`targets[3].token` as `targets.3.token`)."""
+    where, _, message = str(exc).partition(": ")
+    return invalid((re.sub(r"\[(\d+)\]", r".\1", where), message))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PushSend:
+    """A send the door accepts: its key from the body, if there, and the job the worker reads."""
+
+    idempotency_key: str | None
+    job: PushJob
+
+
+def validated(body: dict[str, Any], *, allow_hosts: Set[str] = frozenset()) -> PushSend:
+    """`body` as a push job the worker will attempt; 400 naming what is wrong (at most
+    MAX_DETAILS problems, then a line saying there were more). `allow_hosts`: the Web
+    Push hosts the workers allow (`IngressSettings.webpush_allow_hosts`)."""
+    request = shaped(SendRequest, body, _open_ended(body))
+    try:  # more than a job holds: parts
+        job = parse_push_job(body, max_targets=MAX_AUDIENCE, allow_hosts=allow_hosts)
     except InvalidPushJob as exc:
-        where, _, message = str(exc).partition(": ")
-        raise invalid((re.sub(r"\[(\d+)\]", r".\1", where), message)) from None
+        raise job_refused(exc) from None
     # Accepted, every iOS device would fail PayloadTooLarge: say so now.
     if (problem := apns_payload_problem(job)) is not None:
         raise invalid(("notification", problem))
-    return request
+    return PushSend(idempotency_key=request.idempotency_key, job=job)
 
 
 def _short(exc: Exception) -> str:

@@ -4,6 +4,7 @@
         sent = await client.send(job)                 # a key is made once, for this call
         sent = await client.send(job, idempotency_key="order-1042-shipped")
         sent.id, sent.status, sent.replayed
+        await client.send(event, kind=JobKind.WEBHOOK)   # POST /v1/webhooks; EMAIL: /v1/emails
 
 Every attempt of one `send` carries the same key, so a retry after a timeout
 is answered `duplicate_ignored` with the first id, never a second message.
@@ -32,12 +33,25 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import TracebackType
 from typing import Any, Self
 
 import httpx
 
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class JobKind(StrEnum):
+    """What a job is, and so the route it is sent to."""
+
+    PUSH = "push"
+    WEBHOOK = "webhook"
+    EMAIL = "email"
+
+    @property
+    def route(self) -> str:
+        return {"push": "/v1/messages", "webhook": "/v1/webhooks", "email": "/v1/emails"}[self]
 
 
 class SendError(Exception):
@@ -103,7 +117,7 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
 
 
 class SendClient:
-    """POST /v1/messages with a key per intent; see the module docstring for the retry table."""
+    """POST a job with a key per intent; see the module docstring for the retry table."""
 
     def __init__(
         self,
@@ -135,8 +149,14 @@ class SendClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def send(self, job: Mapping[str, Any], *, idempotency_key: str | None = None) -> Sent:
-        """Send one push job; retried with the same key until the answer is final."""
+    async def send(
+        self,
+        job: Mapping[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        kind: JobKind = JobKind.PUSH,
+    ) -> Sent:
+        """Send one job of `kind`; retried with the same key until the answer is final."""
         key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
         body = {k: v for k, v in job.items() if k != "idempotency_key"}
         attempts = self._backoff.max_attempts
@@ -145,7 +165,7 @@ class SendClient:
             retry_after: float | None = None
             try:
                 answer = await self._http.post(
-                    "/v1/messages", json=body, headers={"Idempotency-Key": key}
+                    kind.route, json=body, headers={"Idempotency-Key": key}
                 )
             except (httpx.TimeoutException, httpx.TransportError) as exc:
                 last = f"{type(exc).__name__}: {exc}"

@@ -16,7 +16,8 @@ import asyncpg
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from dedupe import Messages
+from consumers import WebhookSettings
+from dedupe import Messages, SecretBox, WebhookEndpoints
 from ingress.commit import Committer
 from ingress.keys import ApiKeys
 from ingress.refusals import UNAUTHORIZED
@@ -30,6 +31,9 @@ class Running:
     settings: IngressSettings
     keys: ApiKeys
     messages: Messages
+    endpoints: WebhookEndpoints
+    webhooks: WebhookSettings  # the endpoints' rules (IW_WEBHOOK_*)
+    box: SecretBox | None  # encrypts their secrets; None: IW_WEBHOOK_SECRETS_KEY unset
     pool: asyncpg.Pool | None = None
     committer: Committer | None = field(default=None)
 

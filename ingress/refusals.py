@@ -11,6 +11,7 @@ the fields that are wrong.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -64,6 +65,12 @@ NOT_FOUND = Refusal(404, {"error": "not_found"})
 CLIENT_GONE = Refusal(499, {"error": "client_closed_request"})
 
 
+def not_served(what: str, flag: str, variable: str) -> Refusal:
+    """501 kind_not_served: this serve has no queue for a kind of job."""
+    message = f"this server takes no {what}: start serve with {flag} (or {variable})"
+    return Refusal(501, {"error": "kind_not_served", "message": message})
+
+
 def field_name(loc: Sequence[Any]) -> str:
     """`targets.0.token` from pydantic's ("body", "targets", 0, "token")."""
     if len(loc) < 2 or not isinstance(loc[1], str):
@@ -91,7 +98,31 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 400:
         return refusal_response(invalid(("body", str(exc.detail))))
     error = str(exc.detail).lower().replace(" ", "_")
-    return json_response(exc.status_code, {"error": error}, exc.headers)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405 and (allowed := _allowed(request)):
+        headers["Allow"] = ", ".join(allowed)
+    return json_response(exc.status_code, {"error": error}, headers)
+
+
+def _allowed(request: Request) -> list[str]:
+    """Every method the API document gives the request's path. Where one path has a route
+    per method (GET and POST of a collection), the 405 of Starlette, and of FastAPI's
+    included routers, names the first route's only."""
+    path = request.url.path
+    methods: set[str] = set()
+    for template, item in request.app.openapi().get("paths", {}).items():
+        pattern = "".join(
+            "[^/]+" if part.startswith("{") else re.escape(part)
+            for part in re.split(r"(\{[^}]+\})", template)
+        )
+        if re.fullmatch(pattern, path):
+            methods |= {m.upper() for m in item if m in _METHODS}
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
+
+
+_METHODS = frozenset({"get", "put", "post", "delete", "patch", "head", "options", "trace"})
 
 
 async def _unavailable(request: Request, exc: Exception) -> Response:

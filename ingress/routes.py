@@ -2,17 +2,21 @@
 
 POST /v1/messages, top to bottom:
 1. the bearer key names the tenant (401 otherwise);
-2. the body validates as a push job (400 `invalid_request` with details,
-   nothing stored, so the same key works once the body is fixed);
+2. the body validates as a push job, web subscriptions checked as the push
+   worker checks them (400 `invalid_request` with details, nothing stored, so
+   the same key works once the body is fixed);
 3. the idempotency key, from the body or the `Idempotency-Key` header (both
    and different: 400; neither: 400 `idempotency_key_required`);
-4. the fingerprint: SHA-256 of the canonical body, the key field left out;
+4. the fingerprint: SHA-256 of the canonical body, the key field left out,
+   and of the kind (`ingress.accept`);
 5. the group committer writes key row, message row and outbox row in one
    statement and one commit, shared with the requests that arrived meanwhile
    (`ingress.commit`); only after COMMIT: 202 `queued`, or 202
    `duplicate_ignored` with the first id and `Idempotent-Replayed: true`, or
    422 `idempotency_key_reused`.
 The database unreachable: 503 with Retry-After; the client retries, same key.
+POST /v1/webhooks (`ingress.webhooks`) takes the same steps for a webhook job;
+GET and cancel serve every kind's messages.
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ import orjson
 import structlog
 from fastapi import APIRouter, Request, Response
 
-from consumers import SpanKind, bulk_lane, push_job_parts, tracing
-from dedupe import Acceptance, MessageStatus, NewMessage, fingerprint, parse_message_id
+from consumers import push_job_parts
+from consumers.jobs.kind import shown_address
+from dedupe import MessageStatus, parse_message_id
+from ingress.accept import PUSH, queue_job
 from ingress.body import decode_body, read_body, too_large, validated
 from ingress.idempotency import one_key
 from ingress.models import Cancelled, ErrorBody, MessageOut, NotCancellable, Queued
-from ingress.openapi import ERRORS, REPLAYED_HEADER, SEND_EXTRA, SEND_RESPONSES
+from ingress.openapi import ERRORS, SEND_EXTRA, SEND_RESPONSES
 from ingress.reading import SendHeaders, Tenant, running_of, tenant_for
 from ingress.refusals import NOT_FOUND, json_response
 
@@ -55,52 +61,23 @@ async def send(request: Request) -> Response:
     limit = running.settings.max_body_bytes
     read = await read_body(request, running.settings.max_request_bytes)
     body = decode_body(wanted.content_type, read)
-    job = validated(body)
-    key = one_key(job.idempotency_key, wanted.idempotency_key)
+    allowed = running.settings.webpush_allow_hosts
+    send = validated(body, allow_hosts=allowed)
+    key = one_key(send.idempotency_key, wanted.idempotency_key)
     body.pop("idempotency_key", None)
     # More devices than one job holds: the parts the worker gets, each under its limit.
-    stored = [orjson.dumps(part.body) for part in push_job_parts("", body)]
+    stored = [orjson.dumps(part.body) for part in push_job_parts("", body, allow_hosts=allowed)]
     if max(len(part) for part in stored) > limit:
         raise too_large(limit)
-    assert running.committer is not None
-    traces = tracing()
-    creating = traces.span(
-        f"create {running.settings.queue}",
-        SpanKind.PRODUCER,
-        attributes={
-            "messaging.system": "rabbitmq",
-            "messaging.destination.name": running.settings.queue,
-            "messaging.operation.type": "create",
-            "messaging.operation.name": "create",
-        },
-    )
-    trace = traces.headers(creating)  # the outbox row keeps it; the relay's publish continues it
-    try:
-        answer = await running.committer.submit(
-            NewMessage(
-                tenant=tenant,
-                idempotency_key=key,
-                # decode_body read it, so it holds only str, int, None, lists and objects
-                fingerprint=fingerprint(body, plain=True),
-                queue=running.settings.queue,
-                targets=len({(t.platform, t.token) for t in job.targets}),  # repeats fold
-                job=stored[0],
-                parts=tuple(stored) if len(stored) > 1 else (),
-                parts_queue=bulk_lane(running.settings.queue) if len(stored) > 1 else None,
-                traceparent=trace.get("traceparent"),
-                tracestate=trace.get("tracestate"),
-            )
-        )
-    finally:
-        if creating is not None:
-            creating.end()
-    if answer.outcome is Acceptance.KEY_REUSED:
-        return json_response(422, {"error": "idempotency_key_reused"})
-    replayed = answer.outcome is Acceptance.DUPLICATE_IGNORED
-    return json_response(
-        202,
-        {"status": str(answer.outcome), "id": str(answer.id)},
-        {REPLAYED_HEADER: "true"} if replayed else None,
+    return await queue_job(
+        running,
+        kind=PUSH,
+        queue=running.settings.queue,
+        tenant=tenant,
+        key=key,
+        body=body,
+        stored=stored,
+        targets=len(send.job.targets),  # repeats fold
     )
 
 
@@ -132,6 +109,7 @@ async def read(request: Request, message_id: str, tenant: Tenant) -> Response:
                     "index": t.index,
                     "status": t.status,
                     "platform": t.platform,
+                    "address": shown(t.platform, t.address),
                     "provider_message_id": t.provider_message_id,
                     "failure_reason": t.failure_reason,
                 }
@@ -139,6 +117,10 @@ async def read(request: Request, message_id: str, tenant: Tenant) -> Response:
             ],
         },
     )
+
+
+def shown(channel: str | None, address: str | None) -> str | None:
+    return None if channel is None or address is None else shown_address(channel, address)
 
 
 @router.post(

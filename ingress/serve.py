@@ -21,10 +21,10 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.config import LifespanType
 
-from consumers import Settings
+from consumers import ConfigurationError, Settings
 from consumers.runtime.http_limits import WireLimits, guarded
 from consumers.runtime.listening import BACKLOG, listening_socket
-from consumers.telemetry.failed_start import START_FAILURES, start_failed
+from consumers.telemetry.failed_start import EXIT_CONFIG, START_FAILURES, start_failed
 from ingress.api import create_app
 from ingress.key_commands import api_key_main
 from ingress.settings import IngressSettings
@@ -43,8 +43,13 @@ __all__ = [
 
 
 def serve_main(argv: Sequence[str], settings: Settings) -> int:
-    ingress = serve_settings(argv)
-    return run(serve(ingress, create_app(ingress, settings.database)))
+    ingress = serve_settings(argv, settings)
+    try:
+        app = create_app(ingress, settings.database, webhook_settings=settings.webhooks)
+    except ConfigurationError as refused:  # IW_WEBHOOK_SECRETS_KEY set, but no Fernet key
+        log.error("start_failed", error="configuration", detail=str(refused), exit_code=EXIT_CONFIG)
+        return EXIT_CONFIG
+    return run(serve(ingress, app))
 
 
 def serve_parser(
@@ -54,9 +59,9 @@ def serve_parser(
     base = base or IngressSettings()
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Serve the HTTP send API (POST /v1/messages, with an API key) until"
-        " SIGTERM: each accepted job is stored and relayed to the push queue. Flags win"
-        " over the IW_INGRESS_* variables.",
+        description="Serve the HTTP send API (POST /v1/messages, /v1/webhooks, /v1/emails,"
+        " with an API key) until SIGTERM: each accepted job is stored and relayed to its"
+        " kind's queue. Flags win over the IW_INGRESS_* variables.",
     )
     parser.add_argument("--host", default=base.host, help="default %(default)s")
     parser.add_argument(
@@ -64,6 +69,18 @@ def serve_parser(
     )
     parser.add_argument(
         "--queue", default=base.queue, help="the push queue jobs go to (default %(default)s)"
+    )
+    parser.add_argument(
+        "--webhook-queue",
+        default=base.webhook_queue,
+        help="the webhook queue webhook jobs go to (default %(default)s: POST /v1/webhooks"
+        " answers 501)",
+    )
+    parser.add_argument(
+        "--email-queue",
+        default=base.email_queue,
+        help="the e-mail queue e-mail jobs go to (default %(default)s: POST /v1/emails"
+        " answers 501)",
     )
     parser.add_argument(
         "--max-batch",
@@ -80,8 +97,11 @@ def serve_parser(
     return parser
 
 
-def serve_settings(argv: Sequence[str], prog: str = "idempotent-workers serve") -> IngressSettings:
-    """The flags of `serve`, over the IW_INGRESS_* variables (the flags win)."""
+def serve_settings(
+    argv: Sequence[str], settings: Settings | None = None, prog: str = "idempotent-workers serve"
+) -> IngressSettings:
+    """The flags of `serve`, over the IW_INGRESS_* variables (the flags win); the Web Push
+    hosts the workers allow from `settings` (the CLI's: IW_WEBPUSH_ALLOW_HOSTS)."""
     try:
         base = IngressSettings.from_env(os.environ)
     except ValueError as exc:  # a variable that is no number, or out of range
@@ -92,6 +112,9 @@ def serve_settings(argv: Sequence[str], prog: str = "idempotent-workers serve") 
         host=args.host,
         port=args.port,
         queue=args.queue,
+        webhook_queue=args.webhook_queue or None,
+        email_queue=args.email_queue or None,
+        webpush_allow_hosts=(settings or Settings()).worker.webpush_allow_hosts,
         max_batch=args.max_batch,
         lanes=args.lanes,
     )
@@ -128,7 +151,14 @@ async def serve(ingress: IngressSettings, app: FastAPI) -> int:
         host, port = sock.getsockname()[:2]
         # A line a parent process (tests, bench, demo) waits for: the port chosen, the pool open.
         print(f"serve: listening on http://{host}:{port}", flush=True)
-        log.info("ingress_listening", host=host, port=port, queue=ingress.queue)
+        log.info(
+            "ingress_listening",
+            host=host,
+            port=port,
+            queue=ingress.queue,
+            webhook_queue=ingress.webhook_queue,
+            email_queue=ingress.email_queue,
+        )
         await server.serve(sockets=[sock])
     return 0
 

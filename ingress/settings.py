@@ -1,4 +1,10 @@
-"""How `idempotent-workers serve` runs: where it listens, where jobs go, how commits group."""
+"""How `idempotent-workers serve` runs: where it listens, where jobs go, how commits group.
+
+Each kind of job has its queue: push jobs `queue` (IW_INGRESS_QUEUE), webhook jobs
+`webhook_queue` (IW_INGRESS_WEBHOOK_QUEUE), e-mail jobs `email_queue`
+(IW_INGRESS_EMAIL_QUEUE). A kind without a queue is not served: its route answers
+501 `kind_not_served`, naming the flag and the variable that would serve it.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,12 @@ class IngressSettings:
     host: str = "127.0.0.1"
     port: int = 8080
     queue: str = DEFAULT_PUSH_QUEUE  # the push queue accepted jobs are relayed to
+    webhook_queue: str | None = None  # where webhook jobs go; None: POST /v1/webhooks is 501
+    email_queue: str | None = None  # where e-mail jobs go; None: POST /v1/emails is 501
+    # Web Push endpoint hosts a subscription may name although private or loopback:
+    # serve takes the workers' (`WorkerSettings.webpush_allow_hosts`, IW_WEBPUSH_ALLOW_HOSTS),
+    # so the door and the worker refuse the same subscriptions (tests and demos only).
+    webpush_allow_hosts: frozenset[str] = frozenset()
     max_batch: int = 256  # requests in one commit at most
     lanes: int = 2  # commits in flight at once (each a pooled connection)
     key_cache_seconds: float = 30.0  # how long a known API key skips the database
@@ -46,6 +58,8 @@ class IngressSettings:
             host=env.get("IW_INGRESS_HOST", "127.0.0.1"),
             port=int(env.get("IW_INGRESS_PORT", "8080")),
             queue=env.get("IW_INGRESS_QUEUE", DEFAULT_PUSH_QUEUE),
+            webhook_queue=env.get("IW_INGRESS_WEBHOOK_QUEUE") or None,
+            email_queue=env.get("IW_INGRESS_EMAIL_QUEUE") or None,
             max_batch=int(env.get("IW_INGRESS_MAX_BATCH", "256")),
             lanes=int(env.get("IW_INGRESS_LANES", "2")),
             max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", str(MAX_JOB_BYTES))),

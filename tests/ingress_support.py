@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from consumers import DatabaseSettings
+from consumers import DatabaseSettings, WebhookSettings
 from dedupe import DbConnection
 from ingress.api import create_app
 from ingress.keys import ApiKeys
@@ -30,12 +30,16 @@ class Served:
 
 @asynccontextmanager
 async def serve_in_process(
-    db: DbConnection, database: DatabaseSettings, settings: IngressSettings
+    db: DbConnection,
+    database: DatabaseSettings,
+    settings: IngressSettings,
+    *,
+    webhook_settings: WebhookSettings | None = None,
 ) -> AsyncIterator[Served]:
     """uvicorn on 127.0.0.1, port chosen by the kernel; stopped on exit."""
     keys = ApiKeys(database.schema)
     key, other = await keys.create(db, "acme"), await keys.create(db, "globex")
-    app = create_app(settings, database)
+    app = create_app(settings, database, webhook_settings=webhook_settings)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -22,7 +22,7 @@ from consumers import Settings
 from ingress.settings import IngressSettings
 from providers.fakes.apns import FakeApns
 from providers.fakes.fcm import FakeFcm
-from proving.fuzz.http import push_jobs
+from proving.fuzz.http_inputs import push_jobs
 from tests.harness import Harness
 from tests.ingress_support import Served, serve_in_process
 from tests.support import wait_for

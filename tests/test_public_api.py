@@ -48,7 +48,9 @@ def test_leaves_do_not_import_consumers() -> None:
 # test reads, the line and exit status of a failed start (`serve` ends as `run`
 # does), the relay's entry point, the push job's limits and its split into
 # parts (the send API stores a large send as the publisher would split it), a
-# dead letter's header, the worker's own delivery object (the bench's stopwatch
+# dead letter's header, the webhook and e-mail jobs' limits and the endpoints' rules and
+# secrets' key (the send API's endpoint routes are the CLI's other face), how a
+# target's address is shown, the worker's own delivery object (the bench's stopwatch
 # times it as it times aio-pika's), the worker's frame reader (its bench
 # times it against aiormq's), the garbage collector as `run` sets it (the
 # benches measure what `run` does), the socket `serve` and `console` listen on
@@ -67,6 +69,10 @@ INTERNAL_IMPORTS_ALLOWED = {
     "consumers.runtime.listening",
     "consumers.runtime.http_limits",
     "consumers.jobs.push",
+    "consumers.jobs.webhook",
+    "consumers.jobs.email",
+    "consumers.jobs.webhook_endpoints",
+    "consumers.jobs.kind",
     "consumers.publishing.parts",
     "consumers.publishing.relay",
     "consumers.pipeline.settle",

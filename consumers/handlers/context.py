@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -47,7 +47,7 @@ class Context:
         consumer: str,
         staged: dict[str, list[Sequence[Any]]] | None = None,
         outbox: Outbox | None = None,
-        trace_headers: Mapping[str, str] | None = None,
+        trace_headers: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         self.tx = tx
         self.body = body
@@ -57,7 +57,8 @@ class Context:
         self.consumer = consumer
         self._staged = staged
         self._outbox = outbox
-        self._trace_headers = trace_headers  # the message's trace, for what it emits
+        # The message's trace context, made only if it emits (tracing on).
+        self._trace_headers = trace_headers
         self._log: Any = None
 
     @property
@@ -107,8 +108,8 @@ class Context:
         """
         if self._outbox is None:
             raise ConfigurationError("emit() needs a Context made by a worker: it has no outbox")
-        if self._trace_headers:
-            headers = {**self._trace_headers, **(headers or {})}
+        if self._trace_headers is not None:
+            headers = {**self._trace_headers(), **(headers or {})}
         args = Outbox.row_args(
             queue=queue,
             body=body,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import asyncpg
@@ -313,7 +314,7 @@ class BatchRunner:
             consumer=self.spec.queue,
             staged=staged,
             outbox=self.outbox,
-            trace_headers=tracing().headers(item.span) if item.span is not None else None,
+            trace_headers=partial(tracing().headers, item.span) if item.span is not None else None,
         )
 
     def _judge(self, exc: Exception) -> Verdict:

@@ -90,7 +90,11 @@ async def handwritten(run: Run) -> None:
         "$1::text[], $2::text[], $3::text[], $4::bytea[])"
     )
     db = await asyncpg.connect(
-        run.settings.database.url, server_settings=run.sandbox.search_path, timeout=ANSWER_S
+        run.settings.database.url,
+        # The framework's backstop too (consumers.runtime.worker.create_pool): the server
+        # ends a statement that outlives it, so the claim and effects need no client timer.
+        server_settings={**run.sandbox.search_path, "statement_timeout": str(int(ANSWER_S * 1000))},
+        timeout=ANSWER_S,
     )
     with run.watch.aiormq_installed():
         connection, channel = await _channel(run)
@@ -113,6 +117,7 @@ async def handwritten(run: Run) -> None:
             async with db.transaction():
                 claimed = {
                     (r[1], r[2])
+                    # unbounded: the session's statement_timeout, as the framework's claim
                     for r in await db.fetch(
                         claim,
                         [consumer] * len(jobs),
@@ -123,6 +128,7 @@ async def handwritten(run: Run) -> None:
                 }
                 new = [job for job in jobs if (job[0], job[1]) in claimed]
                 if new:
+                    # unbounded: the session's statement_timeout, as the framework's effects
                     await db.execute(
                         INSERT_EFFECTS,
                         [consumer] * len(new),

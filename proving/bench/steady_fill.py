@@ -89,9 +89,12 @@ async def _piped(
 
     producer = asyncio.create_task(produce())
     try:
+        # A fill of tens of millions of rows takes as long as the disk does (its progress said).
+        # unbounded: the producer puts None at the COPY's end or at its error
         while (chunk := await chunks.get()) is not None:
             yield chunk
-        await producer  # its error, if it stopped on one
+        # unbounded: the producer ended (it put its None); this only hands on its error
+        await producer
     finally:
         producer.cancel()
 

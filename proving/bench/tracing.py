@@ -69,6 +69,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--baseline-tree", type=Path, required=True, help="a checkout of the commit before tracing"
     )
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        default=HERE,
+        help="the checkout measured off and on (default: this one); a checkout of the commit"
+        " that brought tracing isolates its cost from what landed since",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="rounds of three runs (medians)")
     parser.add_argument("--messages", type=int, default=20_000, help="per run")
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp"), help="each run's log file")
@@ -76,8 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     receiver = start_receiver(decode=False)
     sides = {
         "before": (args.baseline_tree.resolve(), None),
-        "off": (HERE, None),
-        "on": (HERE, f"http://127.0.0.1:{receiver.server.server_address[1]}"),
+        "off": (args.tree.resolve(), None),
+        "on": (args.tree.resolve(), f"http://127.0.0.1:{receiver.server.server_address[1]}"),
     }
     rates: dict[str, list[float]] = {name: [] for name in sides}
     order = list(sides)

@@ -1,23 +1,23 @@
-"""`python -m proving.fuzz.http`: raw generated requests against POST /v1/messages, no 5xx.
+"""`python -m proving.fuzz.http`: raw generated requests against each route of the send API, no 5xx.
 
-    python -m proving.fuzz.http --inputs 10000
+    python -m proving.fuzz.http --inputs 10000                   every route, 10,000 each
+    python -m proving.fuzz.http --inputs 10000 --route webhooks  one of them
 
 Starts `serve` on a free loopback port over a fresh schema of the configured
-PostgreSQL (DATABASE_URL), which it drops after. Requests are bytes written
-to raw sockets (keep-alive, a few connections at once), drawn by hypothesis:
-keys plain, quoted (RFC 8941) and not UTF-8; bearer keys right, wrong and
-missing; content types of every kind; bodies that are push jobs, nearly push
-jobs, JSON a parser reads two ways (a key twice, 1e999, NaN, lone
-surrogates, NUL), JSON nested deep, and not JSON at all; framed by
-Content-Length or chunked. With the database up, every answer must be below
-500: one line says how many of each status came, and exit 0 means no 5xx.
+PostgreSQL (DATABASE_URL), which it drops after, with every route on: webhook and
+e-mail queues and a key for the endpoints' secrets, and endpoints made beforehand (the
+tenant's and another tenant's) for the endpoint routes to act on. Requests are
+bytes written to raw sockets (keep-alive, a few connections at once), drawn by
+hypothesis (`proving.fuzz.http_inputs`: push jobs with tokens and Web Push
+subscriptions, webhook and e-mail jobs, endpoint bodies and ids, each nearly right or
+wrong in every way). With the database up, every answer must be below 500: one
+line per route says how many of each status came, and exit 0 means no 5xx.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import signal
@@ -34,26 +34,20 @@ from urllib.parse import urlsplit
 
 import asyncpg
 from hypothesis import HealthCheck, Phase, given, seed, settings
-from hypothesis import strategies as st
 
 from consumers import Settings
-from dedupe import migrate, quote_ident
+from consumers.jobs.webhook_endpoints import secret_box
+from dedupe import DbConnection, WebhookEndpoints, migrate, quote_ident
 from ingress.keys import ApiKeys
 from proving.deadlines import ANSWER_S
+from proving.fuzz.http_inputs import ROUTES, RawRequest, raw_requests
 
-KEYS = ["k-1", "k-2", "clé-1042-ü", "é" * 64, 'say "hi"', "a\\b"]
 CONNECTIONS = 4
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RawRequest:
-    headers: tuple[tuple[bytes, bytes], ...]
-    body: bytes
-    chunked: bool
 
 
 @dataclass(slots=True, kw_only=True)
 class FuzzCount:
+    route: str = "messages"
     statuses: Counter[int] = field(default_factory=Counter)
     seconds: float = 0.0
 
@@ -69,115 +63,17 @@ class FuzzCount:
     def line(self) -> str:
         by_status = " ".join(f"{s}={n}" for s, n in sorted(self.statuses.items()))
         return (
-            f"http_fuzz: inputs={self.inputs} statuses[{by_status}] 5xx={self.server_errors}"
+            f"http_fuzz: route={self.route} inputs={self.inputs} statuses[{by_status}]"
+            f" 5xx={self.server_errors}"
             f" (0: closed unanswered)"
             f" seconds={self.seconds:.1f}"
         )
 
 
-def _sf(key: str) -> bytes:
-    return ('"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"').encode()
-
-
-_header_bytes = st.binary(max_size=40).map(lambda b: b.replace(b"\r", b"").replace(b"\n", b""))
-_odd_text = st.one_of(st.text(max_size=8), st.sampled_from(["\x00", "\ud800", "é", "a/b", " "]))
-_fine_text = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"))
-
-
-def push_jobs(odd: bool) -> st.SearchStrategy[dict[str, object]]:
-    """Push jobs: valid in every field, or (`odd`) with any field possibly not."""
-    text = _odd_text if odd else _fine_text.map(lambda t: t[:8])
-    token = st.sampled_from(["ios-token-1", "android:tok_1", "t-2"])
-    target = st.fixed_dictionaries(
-        {
-            "platform": st.sampled_from(
-                ["ios", "android", "web", "fax"] if odd else ["ios", "web"]
-            ),
-            "token": st.one_of(token, _odd_text) if odd else token,
-        }
-    )
-    return st.fixed_dictionaries(
-        {"targets": st.lists(target, min_size=0 if odd else 1, max_size=3)},
-        optional={
-            "notification": st.fixed_dictionaries(
-                {}, optional={"title": text, "body": text, "data": st.dictionaries(text, text)}
-            ),
-            "priority": st.sampled_from(["high", "normal", "low", 1] if odd else ["high"]),
-            "ttl_seconds": st.one_of(st.integers(-5, 2**40), st.floats())
-            if odd
-            else st.integers(0, 2**31 - 1),
-            "push_type": text if odd else st.sampled_from(["alert", "background"]),
-            "collapse_key": text,
-            "idempotency_key": st.one_of(st.sampled_from(KEYS), text),
-            **({"extra": st.integers()} if odd else {}),
-        },
-    )
-
-
-_job = st.one_of(push_jobs(odd=False), push_jobs(odd=True))
-
-
-def _two_ways(raw: bytes, draw_one: int) -> bytes:
-    """`raw` (a JSON object) with something a parser may read two ways spliced in."""
-    spliced = [
-        b'"ttl_seconds":1e999,"ttl_seconds":60,',
-        b'"ttl_seconds":NaN,',
-        b'"ttl_seconds":' + b"9" * 5000 + b",",
-        b'"notification":{"title":"\\ud800"},',
-        b'"notification":{"title":"\\u0000"},',
-        b'"targets":[],"targets":[{"platform":"ios","token":"x"}],',
-        b'"deep":' + b"[" * 3000 + b"]" * 3000 + b",",
-    ][draw_one % 7]
-    return b"{" + spliced + raw[1:] if raw.startswith(b"{") and len(raw) > 2 else raw
-
-
-@st.composite
-def raw_requests(draw: st.DrawFn, api_key: str) -> RawRequest:
-    job = json.dumps(draw(_job), ensure_ascii=draw(st.booleans())).encode("utf-8", "surrogatepass")
-    body = draw(
-        st.one_of(
-            st.just(job),
-            st.integers(0, 6).map(lambda n: _two_ways(job, n)),
-            st.binary(max_size=200),
-            st.integers(1, max(1, len(job))).map(lambda n: job[:n]),
-            st.sampled_from([b"[]", b"null", b'"x"', b"{}", b"\xef\xbb\xbf{}", b" "]),
-        )
-    )
-    headers: list[tuple[bytes, bytes]] = [(b"Host", b"fuzz")]
-    auth = draw(st.sampled_from(["right"] * 6 + ["wrong", "none", "raw"]))
-    if auth == "right":
-        headers.append((b"Authorization", f"Bearer {api_key}".encode()))
-    elif auth == "wrong":
-        headers.append((b"Authorization", b"Bearer iwk_wrong"))
-    elif auth == "raw":
-        headers.append((b"Authorization", draw(_header_bytes)))
-    kind = draw(
-        st.one_of(
-            st.sampled_from(
-                [b"application/json", b"application/json; charset=utf-8", b"text/plain"]
-            ),
-            st.sampled_from([b"application/x+json", b"", b"application/json;;"]),
-            _header_bytes,
-        )
-    )
-    if draw(st.integers(0, 9)):
-        headers.append((b"Content-Type", b"application/json" if draw(st.booleans()) else kind))
-    key = draw(st.sampled_from(["none", "plain", "quoted", "raw"]))
-    if key == "plain":
-        headers.append((b"Idempotency-Key", draw(st.sampled_from(KEYS)).encode()))
-    elif key == "quoted":
-        headers.append((b"Idempotency-Key", _sf(draw(st.sampled_from(KEYS)))))
-    elif key == "raw":
-        headers.append((b"Idempotency-Key", draw(_header_bytes)))
-    if draw(st.integers(0, 4)) == 0:
-        headers.append(
-            (draw(st.sampled_from([b"X-Any", b"Accept", b"Expect"])), draw(_header_bytes))
-        )
-    return RawRequest(headers=tuple(headers), body=body, chunked=draw(st.integers(0, 4)) == 0)
-
-
-def generate(count: int, api_key: str, seed_value: int) -> list[RawRequest]:
-    """`count` requests drawn by hypothesis (generation only: nothing to shrink)."""
+def generate(
+    count: int, api_key: str, seed_value: int, route: str = "messages", ids: Sequence[str] = ()
+) -> list[RawRequest]:
+    """`count` requests to `route` drawn by hypothesis (generation only: nothing to shrink)."""
     drawn: list[RawRequest] = []
 
     @settings(
@@ -187,7 +83,7 @@ def generate(count: int, api_key: str, seed_value: int) -> list[RawRequest]:
         suppress_health_check=list(HealthCheck),
         deadline=None,
     )
-    @given(raw_requests(api_key))
+    @given(raw_requests(api_key, route, ids))
     def collect(request: RawRequest) -> None:
         drawn.append(request)
 
@@ -199,8 +95,12 @@ def generate(count: int, api_key: str, seed_value: int) -> list[RawRequest]:
 
 
 def wire(request: RawRequest) -> bytes:
-    head = b"POST /v1/messages HTTP/1.1\r\n" + b"".join(
-        name + b": " + value + b"\r\n" for name, value in request.headers
+    head = (
+        request.method
+        + b" "
+        + request.path
+        + b" HTTP/1.1\r\n"
+        + b"".join(name + b": " + value + b"\r\n" for name, value in request.headers)
     )
     if request.chunked:
         size = f"{len(request.body):x}".encode()
@@ -224,12 +124,21 @@ async def _answer(reader: asyncio.StreamReader) -> tuple[int, bool]:
     return int(head[9:12]), b"connection: close" in lower or found is None
 
 
-async def run_http_fuzz(url: str, api_key: str, *, inputs: int, seed_value: int = 1) -> FuzzCount:
-    """Send `inputs` drawn requests to `url` over a few raw keep-alive connections."""
-    requests = generate(inputs, api_key, seed_value)
+async def run_http_fuzz(
+    url: str,
+    api_key: str,
+    *,
+    inputs: int,
+    seed_value: int = 1,
+    route: str = "messages",
+    ids: Sequence[str] = (),
+) -> FuzzCount:
+    """Send `inputs` requests drawn for `route` to `url` over a few raw keep-alive
+    connections; `ids`: webhook endpoint ids that exist (for the endpoint routes)."""
+    requests = generate(inputs, api_key, seed_value, route, ids)
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    count = FuzzCount()
+    count = FuzzCount(route=route)
     started = time.monotonic()
     queue = list(enumerate(requests))
 
@@ -254,11 +163,26 @@ async def run_http_fuzz(url: str, api_key: str, *, inputs: int, seed_value: int 
     return count
 
 
-async def _prepared(database_url: str, schema: str) -> str:
+async def made_endpoints(conn: DbConnection, schema: str, tenant: str, key: str) -> list[str]:
+    """Two endpoints of `tenant` and one of another tenant's, for the endpoint routes to
+    act on (made as `webhook endpoint add` makes them); their ids."""
+    store, box = WebhookEndpoints(schema), secret_box((key,))
+    ids = []
+    for owner in (tenant, tenant, f"{tenant}-other"):
+        endpoint, _ = await store.add(
+            conn, tenant=owner, url="https://hooks.example.com/fuzz", event_types=(), box=box
+        )
+        ids.append(endpoint.id)
+    return ids
+
+
+async def _prepared(database_url: str, schema: str, key: str) -> tuple[str, list[str]]:
     conn = await asyncpg.connect(database_url, timeout=ANSWER_S)
     try:
         await migrate(conn, schema)
-        return await ApiKeys(schema).create(conn, "fuzz")
+        return await ApiKeys(schema).create(conn, "fuzz"), await made_endpoints(
+            conn, schema, "fuzz", key
+        )
     finally:
         await conn.close()
 
@@ -273,14 +197,27 @@ async def _dropped(database_url: str, schema: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m proving.fuzz.http", description=__doc__)
-    parser.add_argument("--inputs", type=int, default=10_000)
+    parser.add_argument("--inputs", type=int, default=10_000, help="requests to each route")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--route", choices=ROUTES, action="append", help="this route only (repeat for more)"
+    )
     args = parser.parse_args(argv)
     database_url = Settings.from_env().database.url
     schema = f"fuzz_http_{uuid.uuid4().hex[:8]}"
-    key = asyncio.run(_prepared(database_url, schema))
+    from cryptography.fernet import Fernet  # the webhooks extra's, as serve's endpoints need
+
+    secrets_key = Fernet.generate_key().decode()
+    api_key, ids = asyncio.run(_prepared(database_url, schema, secrets_key))
     log = Path(tempfile.mkdtemp(prefix="iw-fuzz-http-")) / "serve.log"
-    env = {**os.environ, "DATABASE_URL": database_url, "DATABASE_SCHEMA": schema}
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "DATABASE_SCHEMA": schema,
+        "IW_INGRESS_WEBHOOK_QUEUE": "fuzz.webhooks",
+        "IW_INGRESS_EMAIL_QUEUE": "fuzz.emails",
+        "IW_WEBHOOK_SECRETS_KEY": secrets_key,
+    }
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "consumers", "serve", "--host", "127.0.0.1", "--port", "0"],
@@ -294,13 +231,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"serve did not listen within 60 s: {log.read_text()[-2000:]}")
             time.sleep(0.1)
-        count = asyncio.run(run_http_fuzz(found[1], key, inputs=args.inputs, seed_value=args.seed))
+        counts = []
+        for route in args.route or ROUTES:
+            counts.append(
+                asyncio.run(
+                    run_http_fuzz(
+                        found[1],
+                        api_key,
+                        inputs=args.inputs,
+                        seed_value=args.seed,
+                        route=route,
+                        ids=ids,
+                    )
+                )
+            )
+            print(counts[-1].line(), flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         asyncio.run(_dropped(database_url, schema))
-    print(count.line())
-    return 0 if count.server_errors == 0 else 1
+    return 0 if all(c.server_errors == 0 for c in counts) else 1
 
 
 if __name__ == "__main__":
