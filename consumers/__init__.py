@@ -8,11 +8,12 @@ a public face of its own, as structlog's `testing` is.
 """
 
 from consumers.effects.circuit import CircuitState, CircuitView
+from consumers.fleet import ProviderQuota, QuotaSettings, TenantSettings
 from consumers.handlers.app import App
 from consumers.handlers.context import Batch, Context
 from consumers.handlers.faults import NO_FAULTS, CrashPoint, Faults, NoFaults
 from consumers.handlers.loading import AppNotLoaded, AppProblem, load_app
-from consumers.handlers.retry import RetryPolicy, dead_letter_queue, tier_queue
+from consumers.handlers.retry import RetryPolicy, bulk_lane, dead_letter_queue, tier_queue
 from consumers.handlers.spec import (
     BatchHandler,
     EffectSpec,
@@ -123,11 +124,13 @@ __all__ = [
     "NoFaults",
     "NotConfirmed",
     "ProviderFactory",
+    "ProviderQuota",
     "Publisher",
     "PublisherError",
     "PublisherSettings",
     "PushJob",
     "QueueType",
+    "QuotaSettings",
     "Recipient",
     "Reject",
     "Relay",
@@ -137,6 +140,7 @@ __all__ = [
     "RetryPolicy",
     "Settings",
     "SpanKind",
+    "TenantSettings",
     "Tracing",
     "TracingSettings",
     "UnknownOutcome",
@@ -147,6 +151,7 @@ __all__ = [
     "Worker",
     "WorkerSettings",
     "api_job_body",
+    "bulk_lane",
     "configure_logging",
     "dead_letter_queue",
     "email_job_body",

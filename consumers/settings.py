@@ -6,17 +6,22 @@ calls; nothing here reads the environment at import time.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 
+from consumers.fleet import QuotaSettings, TenantSettings
+
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # The largest message body a worker decodes (IW_MAX_BODY_BYTES); the send API
 # refuses a larger body at the door (ingress reads the same variable).
 MAX_BODY_BYTES = 1_048_576
+# The targets of one part of a send in the bulk lane (dedupe.PART_TARGETS).
+BULK_PART_TARGETS = 200
 
 
 class QueueType(StrEnum):
@@ -75,6 +80,11 @@ class WorkerSettings:
     # job larger than it goes alone. About what FCM's 32 threads start in one
     # 30 s lease at 100 ms answers (consumers.pipeline.holding).
     push_held_devices: int = 10_000
+    # Deliveries of an effects queue's bulk lane (the parts of sends of many targets,
+    # `consumers.publishing.parts`) a worker takes before it has room for them: what
+    # it holds plus a few, so the other parts stay in the queue for the other
+    # workers. None: push_held_devices / 200 (a part's targets) + 10.
+    push_bulk_prefetch: int | None = None
     max_batch: int = 500  # messages in one transaction at most
     concurrency: int = 1  # channels (and batches in flight) per queue
     max_body_bytes: int = MAX_BODY_BYTES
@@ -97,6 +107,16 @@ class WorkerSettings:
             raise ValueError("push_held_devices must be at least 1")
         if self.prefetch < 1 or self.push_prefetch < 1:
             raise ValueError("prefetch and push_prefetch must be at least 1")
+        if self.push_bulk_prefetch is not None and self.push_bulk_prefetch < 1:
+            raise ValueError("push_bulk_prefetch must be at least 1")
+
+    @property
+    def bulk_prefetch(self) -> int:
+        """The bulk lane's prefetch: `push_bulk_prefetch`, or what the held devices take
+        in parts of 200, and 10 more."""
+        if self.push_bulk_prefetch is not None:
+            return self.push_bulk_prefetch
+        return math.ceil(self.push_held_devices / BULK_PART_TARGETS) + 10
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -238,6 +258,8 @@ class Settings:
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     relay: RelaySettings = field(default_factory=RelaySettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    tenants: TenantSettings = field(default_factory=TenantSettings)
+    quotas: QuotaSettings = field(default_factory=QuotaSettings)
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)
 
     @classmethod
@@ -262,6 +284,9 @@ class Settings:
                 prefetch=int(env.get("IW_PREFETCH", "1000")),
                 push_prefetch=int(env.get("IW_PUSH_PREFETCH", "2000")),
                 push_held_devices=int(env.get("IW_PUSH_HELD_DEVICES", "10000")),
+                push_bulk_prefetch=(
+                    int(env["IW_PUSH_BULK_PREFETCH"]) if env.get("IW_PUSH_BULK_PREFETCH") else None
+                ),
                 max_batch=int(env.get("IW_MAX_BATCH", "500")),
                 concurrency=int(env.get("IW_CONCURRENCY", "1")),
                 max_body_bytes=int(env.get("IW_MAX_BODY_BYTES", str(MAX_BODY_BYTES))),
@@ -290,6 +315,8 @@ class Settings:
                 poll_interval_s=float(env.get("IW_RELAY_POLL", "1")),
             ),
             tracing=TracingSettings.from_env(env),
+            tenants=TenantSettings.from_env(env),
+            quotas=QuotaSettings.from_env(env),
             webhooks=WebhookSettings(
                 secrets_keys=_names(env.get("IW_WEBHOOK_SECRETS_KEY", "")),
                 allow_http_hosts=frozenset(

@@ -40,6 +40,7 @@ from dedupe.messages import (
 )
 from dedupe.migrate import available_migrations, check_schema, migrate, quote_ident
 from dedupe.outbox import NOTIFY_CHANNEL, Outbox, OutboxRow, PublishFailure
+from dedupe.quota import QUOTA_CHANNEL, Grant, ProviderQuotas, paused_notice
 from dedupe.replication import (
     ReplicationState,
     is_replication_cancel,
@@ -65,6 +66,7 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "OUTBOX_COUNT_CAP",
     "PART_TARGETS",
+    "QUOTA_CHANNEL",
     "Acceptance",
     "Accepted",
     "Claim",
@@ -76,6 +78,7 @@ __all__ = [
     "DbConnection",
     "DedupeError",
     "DedupeKey",
+    "Grant",
     "Inbox",
     "KeyRecord",
     "KeyVanished",
@@ -87,6 +90,7 @@ __all__ = [
     "NotInTransaction",
     "Outbox",
     "OutboxRow",
+    "ProviderQuotas",
     "PublishFailure",
     "ReplicationState",
     "Retention",
@@ -120,6 +124,7 @@ __all__ = [
     "migrate",
     "parse_message_id",
     "part_message_ids",
+    "paused_notice",
     "quote_ident",
     "read_replication",
     "replicated",

@@ -68,8 +68,10 @@ class NewMessage:
     targets: int
     job: bytes  # the push job as published: JSON, the key field left out
     # A send of more than PART_TARGETS devices: its parts' bodies, in order, published
-    # as `<job id>#0`, `#1`, ... (`part_message_ids`) instead of `job`.
+    # as `<job id>#0`, `#1`, ... (`part_message_ids`) instead of `job`, to `parts_queue`
+    # (the queue's bulk lane) if given, else to `queue`.
     parts: tuple[bytes, ...] = ()
+    parts_queue: str | None = None
     # W3C trace context the outbox rows keep (and the relay's publish continues):
     # the request's span when tracing is on, else None.
     traceparent: str | None = None
@@ -141,12 +143,12 @@ class Messages:
         self._sends = f"{q}.send_ledger"
         # One row per input row, in input order: (won, stored fingerprint, id): the new
         # id if won, else the stored fingerprint and id (NULL if the snapshot missed
-        # them). The statement is accept_messages() (migration 0012): the keys are
+        # them). The statement is accept_messages() (migrations 0012, 0021): the keys are
         # kept in generations (`dedupe.generations`), as the claims are.
         self._accept_sql = (
             f"SELECT * FROM {q}.accept_messages($1::text[], $2::text[], $3::bytea[],"
             " $4::text[], $5::int[], $6::bigint[], $7::text[], $8::bytea[],"
-            f" $9::text[], $10::text[], '{JOB_PREFIX}', '{INGRESS_HEADER}')"
+            f" $9::text[], $10::text[], '{JOB_PREFIX}', '{INGRESS_HEADER}', $11::text[])"
         )
         self._find_keys_sql = (
             "SELECT x.t, x.ik, k.fingerprint, k.message_id"
@@ -199,6 +201,7 @@ class Messages:
                 [j[2] for j in jobs],
                 [r.traceparent for _, r in wanted],
                 [r.tracestate for _, r in wanted],
+                [r.parts_queue or r.queue for _, r in wanted],
             )
             unseen = []
             for (key, r), row in zip(wanted, rows, strict=True):

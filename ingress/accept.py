@@ -22,7 +22,7 @@ from typing import Any
 
 from fastapi import Response
 
-from consumers import SpanKind, tracing
+from consumers import SpanKind, bulk_lane, tracing
 from dedupe import Acceptance, NewMessage, fingerprint
 from ingress.openapi import REPLAYED_HEADER
 from ingress.reading import Running
@@ -75,6 +75,8 @@ async def queue_job(
                 targets=targets,
                 job=stored[0],
                 parts=tuple(stored) if len(stored) > 1 else (),
+                # A send's parts: to the queue's bulk lane (docs/tenants.md).
+                parts_queue=bulk_lane(queue) if len(stored) > 1 else None,
                 traceparent=trace.get("traceparent"),
                 tracestate=trace.get("tracestate"),
             )

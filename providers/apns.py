@@ -339,6 +339,11 @@ class ApnsProvider:
         self._bodies = LastBody()
 
     @property
+    def quota_name(self) -> str:
+        """The quota its sends count against (APNs throttles by topic): `apns:<topic>`."""
+        return f"apns:{self.settings.topic}"
+
+    @property
     def max_in_flight(self) -> int:
         """Streams on every connection the pool may open, at the server's limit once known
         (one per connection before the first SETTINGS say it)."""

@@ -75,3 +75,61 @@ async def test_a_send_cancelled_in_line_leaves_its_place_and_takes_no_slot() -> 
     async with asyncio.timeout(5):
         async with gate.slot(provider):
             pass
+
+
+async def test_a_cancel_in_line_never_lets_more_than_the_limit_in() -> None:
+    gate, provider = ProviderGate(), as_provider(Limited(1))
+    inside = 0
+    most = 0
+    holder_in = asyncio.Event()
+    leave = asyncio.Event()
+
+    async def send(wait: asyncio.Event | None = None) -> None:
+        nonlocal inside, most
+        async with gate.slot(provider):
+            inside += 1
+            most = max(most, inside)
+            if wait is not None:
+                holder_in.set()
+                await wait.wait()
+            await asyncio.sleep(0)
+            inside -= 1
+
+    holder = asyncio.create_task(send(leave))
+    async with asyncio.timeout(5):
+        await holder_in.wait()
+    cancelled = asyncio.create_task(send())
+    later = [asyncio.create_task(send()) for _ in range(3)]
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    await asyncio.sleep(0)
+    leave.set()
+    async with asyncio.timeout(5):
+        await asyncio.gather(holder, *later)
+    assert most == 1
+
+
+async def test_the_slots_go_round_the_tenants_so_a_newcomer_waits_one_turn() -> None:
+    """Tenant A queues 200 sends; B's one send, queued after them, is the second to enter."""
+    gate, provider = ProviderGate(), as_provider(Limited(1))
+    entered: list[str] = []
+    release = asyncio.Event()
+
+    async def send(tenant: str, n: int) -> None:
+        async with gate.slot(provider, tenant):
+            entered.append(f"{tenant}{n}")
+            if n == 0 and tenant == "a":
+                await release.wait()
+
+    first = asyncio.create_task(send("a", 0))
+    await asyncio.sleep(0)
+    rest = [asyncio.create_task(send("a", n)) for n in range(1, 200)]
+    await asyncio.sleep(0)
+    late = asyncio.create_task(send("b", 0))
+    await asyncio.sleep(0)
+    assert gate.waiting(provider) == 2  # two tenants in line
+    release.set()
+    async with asyncio.timeout(5):
+        await asyncio.gather(first, late, *rest)
+    assert entered[:3] == ["a0", "a1", "b0"]
+    assert entered[3:] == [f"a{n}" for n in range(2, 200)]  # each tenant's own in order

@@ -5,6 +5,9 @@
     <queue>.retry.<ms>       one per delay tier: message TTL <ms>, dead-letters back
                              to <queue> through the default exchange
     <queue>.dlq              dead letters, each with an `x-reason` header
+    <queue>.bulk             an effects queue's bulk lane: the parts of sends of many
+                             targets (`consumers.publishing.parts`); a work queue like
+                             <queue> (its retries come back to <queue>)
 
 Publishers send to the default exchange with the queue's name as routing key.
 Declaring is idempotent; declaring with other arguments than an existing
@@ -21,7 +24,7 @@ import aio_pika
 import aiormq
 
 from consumers.broker.conflicts import QueueDeclaration, TopologyConflict
-from consumers.handlers.retry import RetryPolicy, dead_letter_queue, tier_queue
+from consumers.handlers.retry import RetryPolicy, bulk_lane, dead_letter_queue, tier_queue
 from consumers.settings import AmqpSettings, QueueType
 
 
@@ -51,8 +54,12 @@ def tier_arguments(queue: str, tier_seconds: float, settings: AmqpSettings) -> d
     return args
 
 
-def declarations(queue: str, retry: RetryPolicy, settings: AmqpSettings) -> list[QueueDeclaration]:
-    """The queues of one handler, in the order `declare` makes them: dead letters, tiers, work."""
+def declarations(
+    queue: str, retry: RetryPolicy, settings: AmqpSettings, *, bulk: bool = False
+) -> list[QueueDeclaration]:
+    """The queues of one handler, in the order `declare` makes them: dead letters, tiers,
+    the bulk lane (`bulk`: an effects queue's), work."""
+    lanes = [bulk_lane(queue)] if bulk else []
     return [
         QueueDeclaration(name=dead_letter_queue(queue), arguments=_type_args(settings)),
         *(
@@ -60,6 +67,10 @@ def declarations(queue: str, retry: RetryPolicy, settings: AmqpSettings) -> list
                 name=tier_queue(queue, tier), arguments=tier_arguments(queue, tier, settings)
             )
             for tier in retry.tiers_seconds
+        ),
+        *(
+            QueueDeclaration(name=lane, arguments=work_queue_arguments(queue, settings))
+            for lane in lanes
         ),
         QueueDeclaration(name=queue, arguments=work_queue_arguments(queue, settings)),
     ]
@@ -70,10 +81,13 @@ async def declare(
     queue: str,
     retry: RetryPolicy,
     settings: AmqpSettings,
+    *,
+    bulk: bool = False,
 ) -> aio_pika.abc.AbstractQueue:
-    """Declare the work queue, its retry tiers and its dead-letter queue; return the work queue."""
+    """Declare the work queue, its retry tiers, its dead-letter queue and (`bulk`) its bulk
+    lane; return the work queue."""
     declared: aio_pika.abc.AbstractQueue | None = None
-    for declaration in declarations(queue, retry, settings):
+    for declaration in declarations(queue, retry, settings, bulk=bulk):
         try:
             declared = await channel.declare_queue(
                 declaration.name, durable=declaration.durable, arguments=dict(declaration.arguments)
@@ -90,6 +104,7 @@ async def delete(channel: aio_pika.abc.AbstractChannel, queue: str, retry: Retry
     """Delete every queue `declare` made (tests and the demo clean up with it)."""
     for name in [
         queue,
+        bulk_lane(queue),
         dead_letter_queue(queue),
         *(tier_queue(queue, t) for t in retry.tiers_seconds),
     ]:

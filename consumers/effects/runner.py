@@ -60,6 +60,7 @@ from consumers.effects.circuit import Circuits
 from consumers.effects.claim import Claimed, ClaimStep
 from consumers.effects.gate import ProviderGate
 from consumers.effects.lease import Lease
+from consumers.effects.quota import FleetQuotas
 from consumers.effects.sending import CHUNK_TARGETS, Fanout, JobProgress
 from consumers.handlers.faults import CrashPoint, Faults
 from consumers.handlers.spec import HandlerSpec
@@ -112,6 +113,8 @@ class EffectsRunner:
         metrics: ConsumerMetrics,
         acks: AckWindow,
         holding: Holding | None = None,
+        gate: ProviderGate | None = None,
+        quotas: FleetQuotas | None = None,
     ) -> None:
         assert spec.effects is not None
         self.spec = spec
@@ -129,7 +132,9 @@ class EffectsRunner:
         self.acks = acks  # the channel's: jobs settle out of order
         self.holding = holding  # the queue's targets held: a settled job gives its own back
         self.messages = Messages(inbox.schema)
-        self._gate = ProviderGate()  # the runner's batches share the provider
+        # The runner's batches share the provider, with the queue's other runners.
+        self._gate = gate if gate is not None else ProviderGate()
+        self.quotas = quotas  # the fleet's provider quotas (consumers.effects.quota)
         self.claims = ClaimStep(
             pool=pool, inbox=inbox, ledger=ledger, provider=provider, spec=spec, metrics=metrics
         )
@@ -184,6 +189,7 @@ class EffectsRunner:
             lease=claimed.lease,
             steps=self,
             batch=batch,
+            quotas=self.quotas,
         )
         try:
             await fanout.run(claimed.jobs, claimed.sends, settled, started)

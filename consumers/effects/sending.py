@@ -55,6 +55,7 @@ from consumers.effects.answers import (
 from consumers.effects.circuit import Circuits
 from consumers.effects.gate import ProviderGate
 from consumers.effects.lease import Lease
+from consumers.effects.quota import FleetQuotas
 from consumers.effects.traced import close_send, send_span
 from consumers.handlers.spec import EffectSpec
 from consumers.message.verdict import Verdict, error_text
@@ -65,6 +66,7 @@ from providers import (
     JobIds,
     LooksUp,
     NotStartedInTime,
+    ProviderConfigurationError,
     ProviderError,
     ProviderReceipt,
     RecoveryKind,
@@ -111,6 +113,15 @@ class JobProgress:
     ids: JobIds  # the ids its pushes share (`providers.job_ids`)
 
 
+def asks_pause(reply: object) -> bool:
+    """The provider asked for no calls for a while (a 429's or a 503's Retry-After)."""
+    return (
+        isinstance(reply, TransientProviderError)
+        and not isinstance(reply, NotStartedInTime | ProviderConfigurationError)
+        and bool(reply.retry_after)
+    )
+
+
 def takeable(rows: Sequence[SendRow]) -> int:
     """Rows a chunk could still lease: `claimed`, or `sending` under a lapsed lease."""
     return sum(
@@ -134,8 +145,10 @@ class Fanout:
         lease: Lease,
         steps: FanoutSteps,
         batch: Span | None = None,
+        quotas: FleetQuotas | None = None,
     ) -> None:
         self.effects = effects
+        self.quotas = quotas  # the fleet's provider quotas, when any is set
         self.pool = pool
         self.provider = provider
         self.circuits = circuits
@@ -255,7 +268,7 @@ class Fanout:
         target = sender_for(self.provider, send.recipient.channel)
         span = send_span(send) if send.item.span is not None else None
         try:
-            async with self.gate.slot(target):
+            async with self.gate.slot(target, send.target.key.tenant):
                 answer = await self._attempt(send, target)
         except asyncio.CancelledError as exc:  # counted below, then re-raised
             cancelled = exc
@@ -273,11 +286,15 @@ class Fanout:
     async def _attempt(self, send: Send, target: Sender[Any]) -> Answered:
         """One send, once its lease leaves `target` the time to answer; none once lost.
 
-        A target called before goes as its channel allows (the module docstring)."""
+        A target called before goes as its channel allows (the module docstring).
+        Under a fleet quota each call takes a token first, and a Retry-After pauses
+        the quota for the fleet (`consumers.effects.quota`)."""
         policy, lease = self.effects.unknown_outcome, self.lease
         circuit = self.circuits.of(send.provider)
         recovery = target.recovery.kind
         ask_first = send.previous > 0 and recovery is RecoveryKind.LOOKUP_BY_KEY
+        bucket = self.quotas.of(target) if self.quotas is not None else None
+        token = bucket is None  # a token is used at once or dropped: taken right before a call
         effect: object = None
         while True:
             answer_by = lease.answer_by()
@@ -286,6 +303,7 @@ class Fanout:
                 return answered(send, NotStartedInTime(reason, provider=target.name), policy)
             now = time.monotonic()
             if now > answer_by - target.answer_seconds:
+                token = bucket is None
                 await self._renewal()  # the lease is due a renewal: wait for it
                 continue
             if not circuit.admit():
@@ -296,6 +314,17 @@ class Fanout:
                 and (send.window_ends is None or now + target.answer_seconds > send.window_ends)
             ):
                 return never_sent(send, "replay_window_passed")
+            if not token:
+                assert bucket is not None
+                try:
+                    pause = await bucket.acquire()
+                except Exception as exc:  # the quota's row out of reach: nothing sent
+                    why = f"QuotaUnavailable: {error_text(exc)}"
+                    return answered(send, NotStartedInTime(why, provider=target.name), policy)
+                if pause is not None:  # the provider asked the fleet for a long pause
+                    return paused(send, f"quota {bucket.name}", pause)
+                token = True
+                continue  # the lease and the circuit again, after the wait
             reply: ProviderReceipt | BaseException | None
             try:
                 if effect is None:
@@ -309,10 +338,14 @@ class Fanout:
                 raise
             except Exception as exc:  # translated by answered(); a bug is unknown
                 reply = exc
+            token = bucket is None  # used (or never needed)
             if reply is None:  # the provider never had it: now call
                 ask_first = False
                 continue
             circuit.observe(probe_result(reply), getattr(reply, "reason", ""))
+            if bucket is not None and asks_pause(reply):
+                assert isinstance(reply, TransientProviderError) and reply.retry_after
+                await bucket.pause(reply.retry_after)
             if isinstance(reply, NotStartedInTime) and not lease.lost:
                 await self._renewal()  # nothing sent: try again on the renewed lease
                 continue

@@ -64,3 +64,10 @@ def tier_queue(queue: str, tier_seconds: float) -> str:
 
 def dead_letter_queue(queue: str) -> str:
     return f"{queue}.dlq"
+
+
+def bulk_lane(queue: str) -> str:
+    """An effects queue's bulk lane: the parts of sends of many targets go there
+    (`consumers.publishing.parts`), consumed beside the queue with a prefetch of about
+    what a worker holds, so a send's parts stay in the broker for every worker."""
+    return f"{queue}.bulk"

@@ -3,17 +3,25 @@
 A loop takes everything buffered (up to `max_batch`) as soon as a batch slot is
 free: no timer, so a quiet queue gets the latency of one commit and a busy one
 gets large batches. Each batch goes to `run_isolating` (pipeline.isolation),
-which never hands a whole batch back for one message. A push queue's loop
+which never hands a whole batch back for one message. An effects queue's loop
 takes by weight too (`consumers.pipeline.holding`): its batches hold at most
-that many devices, the rest wait in the buffer.
+that many targets, the rest wait in the buffer; and by tenant
+(`consumers.pipeline.tenants`): its buffer has a line per tenant, taken from in
+turn, so a tenant's heavy job that does not fit is passed over for the next
+tenant's.
 
-A push queue's loop runs several batches at once, so that a slow device holds
-back only its own. Taking whatever is buffered whenever one of them ends made
-batches of a few jobs under load, each paying a claim and a recording
+An effects queue's loop runs several batches at once, so that a slow device
+holds back only its own. Taking whatever is buffered whenever one of them ends
+made batches of a few jobs under load, each paying a claim and a recording
 transaction. So while one batch is starting (taken, its first answers not yet
-recorded), the next is taken only once the buffer holds a full batch, or that
-start ends: at its first recording, its end, or after STARTING_SECONDS, the
-longest a silent device's batch holds the next one back.
+recorded), the next is taken only once the buffer holds a full batch, a light
+tenant (one holding less than the tenant holding the most,
+`Holding.light`) has a delivery waiting, or that start ends: at its first
+recording, its end, or after STARTING_SECONDS, the longest a silent device's
+batch holds the next one back. One batch slot more than `at_once` is kept for
+light tenants: a tenant whose jobs fill every other slot (each held until its
+last answer is recorded) does not make another's one push wait for one of them
+to end.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from consumers.pipeline.deliveries import Delivery
 from consumers.pipeline.holding import Holding
 from consumers.pipeline.isolation import run_isolating
 from consumers.pipeline.runner import Runner
+from consumers.pipeline.tenants import TenantBuffer
 from consumers.telemetry.metrics import ConsumerMetrics
 
 log = structlog.get_logger(__name__)
@@ -64,14 +73,22 @@ class BatchLoop:
         self.runner = runner
         self.max_batch = max_batch
         self.metrics = metrics
-        self.holding = holding  # the weight its batches may hold (a push queue's devices)
+        self.holding = holding  # the weight its batches may hold (an effects queue's targets)
         self.in_flight = 0  # this loop's share of the consumer's in-flight gauge
-        self.buffer: deque[tuple[Delivery, int]] = deque()  # each with its weight
-        self.wake = asyncio.Event()
+        # Each delivery with its weight: one line (local effects: acked in order), or a
+        # line per tenant (an effects queue's, which settles its jobs one by one).
+        self.buffer: deque[tuple[Delivery, int]] | TenantBuffer = (
+            deque() if holding is None else TenantBuffer()
+        )
+        self.wake = asyncio.Event()  # a delivery, a release of held weight, a start's end
         self.stopping = False
         self.queue: aio_pika.abc.AbstractQueue | None = None
         self.consumer_tag: str | None = None
-        self._slots = asyncio.Semaphore(at_once)
+        # The slot kept for light tenants: an effects loop's, on top of `at_once`.
+        self._free = at_once if holding is None else at_once + 1
+        self._slots = asyncio.Semaphore(self._free)
+        if holding is not None:
+            holding.watching(self.wake)
         self._running: set[asyncio.Task[None]] = set()
         self._hold_back = at_once > 1  # one at a time: the slot holds the next back already
         self._starting = 0  # batches taken whose start has not ended
@@ -104,13 +121,14 @@ class BatchLoop:
                     await self.wake.wait()
                     continue
                 await self._slots.acquire()  # a batch in flight ended, or none is
-                if self.holding is not None:
-                    self.holding.watch()
-                batch = self._take()
+                self._free -= 1
+                self.wake.clear()  # what comes after this look wakes the wait below
+                batch = self._take(light_only=self.holding is not None and not self._free)
                 if not batch:  # drained while waiting for a slot, all stale, or no room
-                    self._slots.release()
+                    self._release_slot(wake=False)
                     if self.buffer and self.holding is not None:
-                        await self.holding.room()  # a job held settles: room for the next
+                        # A job held settles (room), or a light tenant's delivery arrives.
+                        await self.wake.wait()
                     continue
                 self._count_in_flight(len(self.buffer))
                 self.metrics.batch_messages.observe(len(batch))
@@ -132,13 +150,28 @@ class BatchLoop:
                 await self.runner.close()  # the pool closes once its connections are back
 
     def _held_back(self) -> bool:
-        """A batch is starting and the buffer holds less than a full one."""
+        """A batch is starting, the buffer holds less than a full one, and no light
+        tenant waits in it."""
         return (
             self._hold_back
             and self._starting > 0
             and len(self.buffer) < self.max_batch
             and not self.stopping
+            and not self._light_waiting()
         )
+
+    def _light_waiting(self) -> bool:
+        """A light tenant (`Holding.light`) has a delivery in the buffer."""
+        holding, buffer = self.holding, self.buffer
+        if holding is None or not isinstance(buffer, TenantBuffer):
+            return False
+        return any(holding.light(tenant) for tenant in buffer.tenants())
+
+    def _release_slot(self, *, wake: bool = True) -> None:
+        self._free += 1
+        self._slots.release()
+        if wake:  # a take refused for want of a regular slot may go now
+            self.wake.set()
 
     def _start(self) -> Callable[[], None]:
         """Count a batch taken now as starting; return what ends its start (once)."""
@@ -158,35 +191,47 @@ class BatchLoop:
         timer = asyncio.get_running_loop().call_later(STARTING_SECONDS, end)
         return end
 
-    def _take(self) -> list[Delivery]:
+    def _take(self, *, light_only: bool = False) -> list[Delivery]:
         """Up to `max_batch` deliveries that fit the holding (if any), skipping those of a
-        channel closed since.
+        channel closed since; with `light_only` (the last slot), only deliveries of
+        light tenants.
 
         The broker took those back when their channel closed and redelivers
         them on the new one: run anyway, each would cost a handler call and an
         ack that cannot go out, and the redelivered copies would wait behind
         them (a reconnect adds a whole prefetch each time).
         """
+        holding, buffer = self.holding, self.buffer
+        if holding is None or isinstance(buffer, deque):
+            assert isinstance(buffer, deque)
+            taken = [buffer.popleft()[0] for _ in range(min(self.max_batch, len(buffer)))]
+        else:
+
+            def admit(delivery: Delivery, weight: int, tenant: str) -> bool:
+                if light_only and not holding.light(tenant):
+                    return False
+                if not holding.admits(weight, tenant):
+                    return False  # waits in the buffer, unacked, for room
+                holding.take(delivery, weight, tenant)
+                return True
+
+            taken = buffer.take(self.max_batch, admit)
         batch: list[Delivery] = []
-        stale = 0
-        while self.buffer and len(batch) < self.max_batch:
-            delivery, weight = self.buffer[0]
-            if self.holding is not None and not self.holding.admits(weight):
-                break  # waits in the buffer, unacked, for room
-            self.buffer.popleft()
+        stale: list[Delivery] = []
+        for delivery in taken:
             try:
                 delivery.channel  # noqa: B018 -- raises once the channel has closed
             except aio_pika.exceptions.ChannelInvalidStateError:
-                stale += 1
+                stale.append(delivery)
                 continue
-            if self.holding is not None:
-                self.holding.take(delivery, weight)
             batch.append(delivery)
         if stale:
+            if holding is not None:
+                holding.release(stale)
             log.info(
                 "stale_deliveries_dropped",
                 consumer=self.runner.spec.queue,
-                count=stale,
+                count=len(stale),
                 outcome="left_to_redelivery",
             )
         return batch
@@ -198,7 +243,7 @@ class BatchLoop:
             started()  # if the runner did not say so before
             if self.holding is not None:  # what the runner did not give back already
                 self.holding.release(batch)
-            self._slots.release()
+            self._release_slot()
             self._count_in_flight(len(self.buffer))
 
     def _count_in_flight(self, now: int) -> None:

@@ -11,10 +11,15 @@ send is published. A send that fits one part keeps its own message_id.
 
     await publish_push_job(publisher, "notifications.push", body, message_id="blast-7")
 
-A worker holds only the parts it has been delivered (its prefetch), each
-leased in chunks (`consumers.effects.sending`): memory follows the chunk, not the
-send. The send API splits the same way (`ingress`), and its message status
-counts the devices of every part.
+The parts of a send of more than one part go to the queue's bulk lane
+(`bulk_lane(queue)`, `<queue>.bulk`), which every worker of the queue
+consumes beside it with a prefetch of about what it holds: the parts wait in
+the broker until a worker has room, so a worker started while a send is under
+way takes its share, and one-part jobs never queue behind a large send's parts.
+A worker holds only the parts it has been delivered, each leased in chunks
+(`consumers.effects.sending`): memory follows the chunk, not the send. The send
+API splits the same way (`ingress`), and its message status counts the devices
+of every part.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
+from consumers.handlers.retry import bulk_lane
 from consumers.jobs.push import MAX_AUDIENCE, InvalidPushJob, parse_push_job, target_json
 from consumers.publishing.publisher import Publisher
 from dedupe import PART_TARGETS, part_message_ids
@@ -77,14 +83,16 @@ async def publish_push_job(
     tenant: str = "",
     allow_hosts: Set[str] = frozenset(),
 ) -> int:
-    """Publish a send of up to MAX_AUDIENCE devices as its parts; return how many.
+    """Publish a send of up to MAX_AUDIENCE devices as its parts (to the bulk lane when
+    there are several); return how many.
 
     Returns once the broker confirmed every part; raises the first PublisherError
     otherwise (publish again with the same message_id: the parts are the same)."""
     parts = push_job_parts(message_id, body, allow_hosts=allow_hosts)
+    lane = queue if len(parts) == 1 else bulk_lane(queue)
     await asyncio.gather(
         *(
-            publisher.publish(queue, part.body, message_id=part.message_id, tenant=tenant)
+            publisher.publish(lane, part.body, message_id=part.message_id, tenant=tenant)
             for part in parts
         )
     )

@@ -4,8 +4,10 @@ Every queue of every handler is checked against what the broker holds before
 any is declared (`consumers.broker.conflicts`: a conflict is a
 `TopologyConflict`, and nothing is declared). Then for each handler the
 worker declares the topology, opens `concurrency` channels with `prefetch`
-each (`push_prefetch` for an effects queue), and runs one batch loop per channel
-(an effects queue's loops hold at most `push_held_devices` targets between them).
+each (`push_prefetch` for an effects queue, and one more on its bulk lane with
+`bulk_prefetch`), and runs one batch loop per channel (an effects queue's loops
+hold at most `push_held_devices` targets between them, by tenant, and share one
+provider gate).
 A loop takes everything buffered (up to `max_batch`) as soon as the previous
 batch is settled: no timer, so a quiet queue gets latency of one commit and a
 busy one gets large batches.
@@ -18,7 +20,6 @@ cover stays unacked and the broker redelivers it.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import secrets
 import socket
@@ -37,6 +38,7 @@ from consumers.broker.headers import read_leniently
 from consumers.broker.topology import declarations, declare
 from consumers.effects.circuit import Circuits, CircuitState, CircuitView
 from consumers.effects.lease import check_lease, check_recovery
+from consumers.effects.quota import FleetQuotas
 from consumers.effects.runner import EffectsRunner
 from consumers.handlers.app import App
 from consumers.handlers.spec import HandlerSpec
@@ -45,17 +47,17 @@ from consumers.message.verdict import error_text
 from consumers.pipeline.acks import AckWindow
 from consumers.pipeline.batch import BatchRunner
 from consumers.pipeline.deadline import longest_deadline
-from consumers.pipeline.deliveries import Delivery
-from consumers.pipeline.holding import Holding
 from consumers.pipeline.loop import BatchLoop
 from consumers.pipeline.runner import Runner
 from consumers.pipeline.settle import Dispatcher
 from consumers.publishing.relay import Relay
+from consumers.runtime.effects_queue import EffectsShared, effects_shared, lanes
+from consumers.runtime.pool import create_pool
 from consumers.runtime.replication import check_replication
 from consumers.settings import Settings
 from consumers.telemetry.health import CHECK_TIMEOUT_SECONDS, Status
 from consumers.telemetry.metrics import Metrics
-from dedupe import Inbox, SendLedger, TableStats, check_schema, quote_ident, table_stats
+from dedupe import Inbox, SendLedger, TableStats, check_schema, table_stats
 from providers import Sender
 
 log = structlog.get_logger(__name__)
@@ -99,6 +101,7 @@ class Worker:
         # `cancel()` ends (else the stop waits its whole grace on it).
         self._loops: dict[BatchLoop, asyncio.Task[None]] = {}
         self._relay: Relay | None = None
+        self._quotas: FleetQuotas | None = None  # the fleet's provider quotas, when any is set
         self._hold_connections = False
         self._started = False
         self._stopping = False
@@ -122,6 +125,9 @@ class Worker:
         async with self.pool.acquire() as conn:
             await check_schema(conn, db.schema)
             await check_replication(conn, db, self.metrics)  # said at start, or refused
+        if self.settings.quotas.limits:
+            self._quotas = FleetQuotas(self.settings, self.pool, self.metrics)
+            await self._quotas.start()
         await self._check_topology()  # before any queue is declared
         self._connection = await connect(amqp.urls, name=f"idempotent-workers {self.worker_id}")
         confirm_channel = await self._connection.channel(publisher_confirms=True)
@@ -152,7 +158,9 @@ class Worker:
             [
                 declaration
                 for spec in self.app.specs.values()
-                for declaration in declarations(spec.queue, spec.retry, amqp)
+                for declaration in declarations(
+                    spec.queue, spec.retry, amqp, bulk=spec.effects is not None
+                )
             ],
         )
 
@@ -163,6 +171,8 @@ class Worker:
             provider = self._providers[spec.queue] = await spec.effects.provider()
             check_lease(spec.queue, spec.effects.lease_seconds, provider)  # else no send starts
             check_recovery(spec.queue, provider)  # a channel that offers lookup has one
+            if self._quotas is not None:
+                self._quotas.check(provider)
         return self._providers[spec.queue]
 
     def _circuits_of(self, spec: HandlerSpec) -> Circuits:
@@ -185,67 +195,85 @@ class Worker:
     async def _start_queue(self, spec: HandlerSpec, dispatcher: Dispatcher, inbox: Inbox) -> None:
         assert self._connection is not None and self.pool is not None
         ws = self.settings.worker
-        holding = None
         effects = spec.effects
-        if effects is not None:  # its kind, given this worker's pool and settings
-            effects = replace(effects, kind=effects.kind.bound(self.pool, self.settings))
-            spec = replace(spec, effects=effects)
-        if effects is not None:  # the targets its channels' batches hold, all of them
+        if effects is None:
+            for n in range(ws.concurrency):
+                await self._consume(spec, spec.queue, ws.prefetch, n, dispatcher, inbox, None)
+            return
+        # Its kind, given this worker's pool and settings.
+        effects = replace(effects, kind=effects.kind.bound(self.pool, self.settings))
+        spec = replace(spec, effects=effects)
+        shared = effects_shared(effects.kind, self.settings)
+        for lane in lanes(spec.queue, self.settings):
+            await self._consume(spec, lane.queue, lane.prefetch, lane.n, dispatcher, inbox, shared)
 
-            def weigh(delivery: Delivery) -> int:
-                return effects.kind.weigh(delivery.body, max_body_bytes=ws.max_body_bytes)
-
-            holding = Holding(limit=ws.push_held_devices, weigh=weigh)
-        for n in range(ws.concurrency):
-            channel = await self._connection.channel(publisher_confirms=False)
-            await channel.set_qos(
-                prefetch_count=ws.prefetch if effects is None else ws.push_prefetch
+    async def _consume(
+        self,
+        spec: HandlerSpec,
+        queue_name: str,
+        prefetch: int,
+        n: int,
+        dispatcher: Dispatcher,
+        inbox: Inbox,
+        shared: EffectsShared | None,
+    ) -> None:
+        """One channel consuming `queue_name` (the handler's queue, or its bulk lane) into
+        a batch loop of its own; an effects queue's loops share `shared`."""
+        assert self._connection is not None and self.pool is not None
+        ws = self.settings.worker
+        effects = spec.effects
+        channel = await self._connection.channel(publisher_confirms=False)
+        await channel.set_qos(prefetch_count=prefetch)
+        if n == 0 and queue_name == spec.queue:
+            await declare(
+                channel, spec.queue, spec.retry, self.settings.amqp, bulk=effects is not None
             )
-            if n == 0:
-                await declare(channel, spec.queue, spec.retry, self.settings.amqp)
-            # Declared (passively) on the robust channel, not `get_queue(ensure=False)`:
-            # only queues the channel knows get their consumers back after a reconnect.
-            queue = await channel.declare_queue(spec.queue, passive=True)
-            runner: Runner
-            if effects is not None:
-                runner = EffectsRunner(
-                    spec=spec,
-                    pool=self.pool,
-                    inbox=inbox,
-                    ledger=SendLedger(self.settings.database.schema, self.worker_id),
-                    provider=await self._provider(spec),
-                    circuits=self._circuits_of(spec),
-                    dispatcher=dispatcher,
-                    settings=ws,
-                    faults=self.app.faults,
-                    metrics=self.metrics.consumer(spec.queue),
-                    acks=AckWindow(),
-                    holding=holding,
-                )
-            else:
-                runner = BatchRunner(
-                    spec=spec,
-                    pool=self.pool,
-                    inbox=inbox,
-                    dispatcher=dispatcher,
-                    settings=ws,
-                    faults=self.app.faults,
-                    metrics=self.metrics.consumer(spec.queue),
-                    hold_connection=self._hold_connections,
-                )
-            at_once = EFFECTS_BATCHES_AT_ONCE if effects is not None else 1
-            loop = BatchLoop(
-                runner,
-                ws.max_batch,
-                self.metrics.consumer(spec.queue),
-                at_once=at_once,
-                holding=holding,
+        # Declared (passively) on the robust channel, not `get_queue(ensure=False)`:
+        # only queues the channel knows get their consumers back after a reconnect.
+        queue = await channel.declare_queue(queue_name, passive=True)
+        runner: Runner
+        if effects is not None:
+            assert shared is not None
+            runner = EffectsRunner(
+                spec=spec,
+                pool=self.pool,
+                inbox=inbox,
+                ledger=SendLedger(self.settings.database.schema, self.worker_id),
+                provider=await self._provider(spec),
+                circuits=self._circuits_of(spec),
+                dispatcher=dispatcher,
+                settings=ws,
+                faults=self.app.faults,
+                metrics=self.metrics.consumer(spec.queue),
+                acks=AckWindow(),
+                holding=shared.holding,
+                gate=shared.gate,
+                quotas=self._quotas,
             )
-            if isinstance(runner, BatchRunner):
-                runner.next_batch_waiting = loop.next_batch_waiting
-            loop.queue = queue
-            self._loops[loop] = asyncio.create_task(loop.run(), name=f"batch-loop:{spec.queue}:{n}")
-            loop.consumer_tag = await queue.consume(DirectConsumer(loop.on_delivery))
+        else:
+            runner = BatchRunner(
+                spec=spec,
+                pool=self.pool,
+                inbox=inbox,
+                dispatcher=dispatcher,
+                settings=ws,
+                faults=self.app.faults,
+                metrics=self.metrics.consumer(spec.queue),
+                hold_connection=self._hold_connections,
+            )
+        at_once = EFFECTS_BATCHES_AT_ONCE if effects is not None else 1
+        loop = BatchLoop(
+            runner,
+            ws.max_batch,
+            self.metrics.consumer(spec.queue),
+            at_once=at_once,
+            holding=None if shared is None else shared.holding,
+        )
+        if isinstance(runner, BatchRunner):
+            runner.next_batch_waiting = loop.next_batch_waiting
+        loop.queue = queue
+        self._loops[loop] = asyncio.create_task(loop.run(), name=f"batch-loop:{queue_name}:{n}")
+        loop.consumer_tag = await queue.consume(DirectConsumer(loop.on_delivery))
 
     async def stop(self) -> None:
         """Stop consuming, settle what was delivered, close. Idempotent."""
@@ -273,6 +301,8 @@ class Worker:
             await _close_logged("amqp_connection", self._connection.close)
         for provider in self._providers.values():
             await _close_logged(f"provider:{provider.name}", provider.aclose)
+        if self._quotas is not None:
+            await _close_logged("provider_quotas", self._quotas.close)
         if self.pool is not None:
             await _close_logged("database_pool", self.pool.close)
         log.info("worker_stopped", worker=self.worker_id)
@@ -348,37 +378,3 @@ async def _close_logged(what: str, close: Callable[[], Awaitable[object]]) -> No
         log.error("close_failed", what=what, exc_info=True)
     except Exception:
         log.exception("close_failed", what=what)
-
-
-async def create_pool(
-    settings: Settings,
-    *,
-    min_size: int = 1,
-    name: str = "idempotent-workers",
-    backstop_seconds: float | None = None,
-) -> asyncpg.Pool:
-    """An asyncpg pool whose search_path starts with the configured schema.
-
-    `name` becomes the sessions' application_name, so `pg_stat_activity`
-    shows which worker holds which connection. `backstop_seconds` sets the
-    sessions' `statement_timeout` and `idle_in_transaction_session_timeout`:
-    should a handler's deadline not end its transaction (the process stuck),
-    the server ends it, and the claims it held free the other workers.
-    """
-    db = settings.database
-    server_settings = {
-        "search_path": f"{quote_ident(db.schema)}, public",
-        "application_name": name[:63],
-    }
-    if backstop_seconds is not None:
-        limit = str(math.ceil(backstop_seconds * 1000))
-        server_settings["statement_timeout"] = limit
-        server_settings["idle_in_transaction_session_timeout"] = limit
-    pool = await asyncpg.create_pool(
-        db.url,
-        min_size=min_size,
-        max_size=max(db.pool_size, min_size),
-        server_settings=server_settings,
-    )
-    assert pool is not None
-    return pool

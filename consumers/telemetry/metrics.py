@@ -22,6 +22,10 @@ queue framework exports, per consumer: the duplicates we absorbed
     idempotent_workers_sends_resent_total{consumer}              sent again, outcome unknown
     idempotent_workers_leases_taken_over_total{consumer}         a crashed sender's expired lease
     idempotent_workers_provider_circuit_open{consumer,provider}  1: paused, credentials refused
+    idempotent_workers_provider_quota_per_second{quota}          a fleet quota's rate (the limit)
+    idempotent_workers_provider_quota_sends_total{quota}         its tokens used (its use)
+    idempotent_workers_provider_quota_wait_seconds{quota}        histogram: a send's wait for one
+    idempotent_workers_provider_quota_pauses_total{quota}        Retry-After pauses written
     idempotent_workers_ready                                     processes ready (see health)
     idempotent_workers_heartbeat_timestamp_seconds               the event loop's last beat
     idempotent_workers_dedupe_rows                               processed_messages, estimated
@@ -163,6 +167,32 @@ class Metrics:
             "1 while a provider's circuit is open or probing (our credentials refused).",
             ["consumer", "provider"],
             multiprocess_mode="livemax",
+            registry=r,
+        )
+        self.quota_per_second = Gauge(
+            PREFIX + "provider_quota_per_second",
+            "A provider quota the fleet keeps together: its sends a second (the limit).",
+            ["quota"],
+            multiprocess_mode="livemax",
+            registry=r,
+        )
+        self.quota_sends = Counter(
+            PREFIX + "provider_quota_sends",
+            "Sends made under a fleet provider quota (its tokens used).",
+            ["quota"],
+            registry=r,
+        )
+        self.quota_wait_seconds = Histogram(
+            PREFIX + "provider_quota_wait_seconds",
+            "How long a send waited for its fleet provider quota's token.",
+            ["quota"],
+            buckets=(0.0, *SECONDS_BUCKETS),
+            registry=r,
+        )
+        self.quota_pauses = Counter(
+            PREFIX + "provider_quota_pauses",
+            "Pauses of a fleet provider quota this process wrote (a provider's Retry-After).",
+            ["quota"],
             registry=r,
         )
         self.ready = Gauge(

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from providers.fakes.apns import ApnsReply, ApnsRequest, FakeApns
 from providers.fakes.env import collapse_ids_sent, fakes_env, router_from_env
 from providers.fakes.fcm import FakeFcm, FcmReply, FcmRequest
+from providers.fakes.ratelimit import FakeRateLimit
 from providers.fakes.webpush import (
     FakeSubscription,
     FakeWebPush,
@@ -63,6 +64,7 @@ __all__ = [
     "FakeApns",
     "FakeFcm",
     "FakePayments",
+    "FakeRateLimit",
     "FakeSmtp",
     "FakeSubscription",
     "FakeWebPush",

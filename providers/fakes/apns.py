@@ -38,6 +38,7 @@ from h2.exceptions import H2Error
 from h2.settings import SettingCodes
 
 from providers.apns import ApnsSettings
+from providers.fakes.ratelimit import FakeRateLimit
 from providers.fakes.tls import LocalCertificates, make_apns_signing_key, make_local_certificates
 
 DEFAULT_REASONS = {
@@ -116,6 +117,7 @@ class FakeApns:
         self.initial_window_size = initial_window_size
         self.protocol_errors: list[str] = []  # why a connection was closed on an H2Error
         self.unscripted = unscripted or ApnsReply()  # the answer to a token with no script
+        self.rate_limit: FakeRateLimit | None = None  # past it: 429 with Retry-After
         self.requests: list[ApnsRequest] = []
         self.connections_opened = 0
         self._scripts: dict[str, deque[_Script]] = {}
@@ -216,6 +218,9 @@ class FakeApns:
             connection.drop()
 
     def reply_for(self, token: str) -> ApnsReply:
+        limit = self.rate_limit
+        if limit is not None and not limit.admit():  # past the quota: refused, whoever
+            return ApnsReply(status=429, reason="TooManyRequests", retry_after=limit.retry_after)
         scripts = self._scripts.get(token)
         while scripts:
             script = scripts[0]

@@ -27,6 +27,7 @@ from typing import Any, Self
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from providers.fakes.ratelimit import FakeRateLimit
 from providers.fcm import FcmSettings
 
 ACCESS_TOKEN = "fake-fcm-access-token"
@@ -94,6 +95,7 @@ class FakeFcm:
         self.project_id = project_id
         self.requests: list[FcmRequest] = []
         self.unscripted = FcmReply()  # the answer to a token with no script
+        self.rate_limit: FakeRateLimit | None = None  # past it: 429 with Retry-After
         self.token_requests = 0  # OAuth token grants asked for
         self.token_lifetime = 3600  # seconds each granted access token is accepted
         self.refuse_tokens = False  # answer the OAuth route with 400 invalid_grant
@@ -177,6 +179,9 @@ class FakeFcm:
         return [r for r in self.requests if r.token == token]
 
     def reply_for(self, token: str) -> FcmReply:
+        limit = self.rate_limit
+        if limit is not None and not limit.admit():  # past the quota: refused, whoever
+            return FcmReply(status=429, error_code="QUOTA_EXCEEDED", retry_after=limit.retry_after)
         scripts = self._scripts.get(token)
         while scripts:
             script = scripts[0]

@@ -46,8 +46,9 @@ def py_spy() -> str | None:
 
 
 @asynccontextmanager
-async def sampled(output: Path) -> AsyncIterator[None]:
-    """Sample this process into `output` (collapsed stacks) while the block runs."""
+async def sampled(output: Path, pid: int | None = None) -> AsyncIterator[None]:
+    """Sample process `pid` (this one, if None) into `output` (collapsed stacks) while
+    the block runs."""
     exe = py_spy()
     if exe is None:
         raise RuntimeError("--profile needs py-spy (pip install 'idempotent-workers[bench]')")
@@ -55,7 +56,7 @@ async def sampled(output: Path) -> AsyncIterator[None]:
         exe,
         "record",
         "--pid",
-        str(os.getpid()),
+        str(os.getpid() if pid is None else pid),
         "--rate",
         str(SAMPLES_PER_SECOND),
         "--nonblocking",
