@@ -1,5 +1,5 @@
-"""Webhook sends per second through ONE worker, against a bare httpx client at the same
-concurrency, to the same receiver, in one run.
+"""Webhook sends per second through ONE worker, against bare aiohttp and bare httpx clients
+at the same concurrency, to the same receiver, in one run.
 
     python -m proving.bench.webhooks [--sends 5000] [--runs 3] [--endpoints 1]
 
@@ -12,20 +12,22 @@ call per the Standard Webhooks specification and sends it through the send ledge
 ack; then the ledger must show every row `sent` and the receiver N requests with N
 distinct webhook-ids.
 
-The bare side, in the same round: `httpx.AsyncClient` with as many connections as
-the worker's sender (`max_in_flight`, 64 by default) and as many tasks, each
-POSTing the same body with the same three headers, signed by the same
-`standardwebhooks` library with the same secret, one log line per answer (as the
-worker writes one per send). Nothing recorded, nothing acked: what an application
-gets from httpx alone.
+The bare sides, in the same round: an `aiohttp.ClientSession` (the transport the
+worker's sender uses, so the anchor at our own layer) and an `httpx.AsyncClient`,
+each with as many connections as the worker's sender (`max_in_flight`, 64 by
+default) and as many tasks, each POSTing the same body with the same three
+headers, signed by the same `standardwebhooks` library with the same secret, one
+log line per answer (as the worker writes one per send). Nothing recorded,
+nothing acked: what an application gets from the client alone.
 
 Both sides log at info, as JSON, to --log-file (a real file, as production writes
 one). The receiver (`proving.bench.webhook_receiver`) runs in a child process, so
 its CPU is neither side's, answers 204 after --latency-ms and verifies nothing;
 each round's lines give its share of the run on a CPU (`receiver ran=`): near 100%,
-it set the pace. Rounds alternate which side goes first. The last line, medians:
-`webhook_bench: worker=... bare=... ratio=... paired=...` (ratio: of the medians;
-paired: the median of each round's ratio, its two sides run back to back).
+it set the pace. Rounds rotate which side goes first. The last line, medians:
+`webhook_bench: worker=... bare=... bare_httpx=... ratio=... paired=... ratio_httpx=...`
+(bare: aiohttp's; ratio: of the medians; paired: the median of each round's ratio,
+its sides run back to back).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import aio_pika
+import aiohttp
 import asyncpg
 import httpx
 import structlog
@@ -176,17 +179,41 @@ async def worker_run(
         await connection.close()
 
 
-async def bare_run(receiver: ReceiverProcess, *, sends: int, endpoints: int) -> Round:
-    """`sends` signed POSTs through httpx alone, IN_FLIGHT at a time, one log line each."""
+async def bare_run(
+    receiver: ReceiverProcess, *, sends: int, endpoints: int, client: str = "aiohttp"
+) -> Round:
+    """`sends` signed POSTs through `client` (aiohttp or httpx) alone, IN_FLIGHT at a time,
+    one log line each."""
     webhook = Webhook(new_secret())
     log = structlog.get_logger("proving.bench.webhooks")
-    limits = httpx.Limits(max_connections=IN_FLIGHT, max_keepalive_connections=IN_FLIGHT)
     # The bodies as the worker's jobs hold them, made before the clock starts (the
     # worker's were published before its clock started).
     bodies = [parse_webhook_job(job_body(i)).body.decode() for i in range(sends // endpoints)]
     jobs = iter(range(sends))
     receiver.forget()
-    async with httpx.AsyncClient(limits=limits, timeout=30.0, trust_env=False) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        if client == "httpx":
+            limits = httpx.Limits(max_connections=IN_FLIGHT, max_keepalive_connections=IN_FLIGHT)
+            pool = await stack.enter_async_context(
+                httpx.AsyncClient(limits=limits, timeout=30.0, trust_env=False)
+            )
+
+            async def post(url: str, body: str, headers: dict[str, str]) -> None:
+                response = await pool.post(url, content=body, headers=headers)
+                response.raise_for_status()
+
+        else:
+            session = await stack.enter_async_context(
+                aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=IN_FLIGHT),
+                    timeout=aiohttp.ClientTimeout(total=30.0),
+                )
+            )
+
+            async def post(url: str, body: str, headers: dict[str, str]) -> None:
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    response.raise_for_status()
 
         async def sender() -> None:
             for i in jobs:
@@ -199,9 +226,7 @@ async def bare_run(receiver: ReceiverProcess, *, sends: int, endpoints: int) -> 
                     "webhook-timestamp": str(int(now.timestamp())),
                     "webhook-signature": webhook.sign(message_id, now, body),
                 }
-                url = f"{receiver.url}/hooks/{i % endpoints}"
-                response = await client.post(url, content=body, headers=headers)
-                response.raise_for_status()
+                await post(f"{receiver.url}/hooks/{i % endpoints}", body, headers)
                 log.info("webhook_sent", message_id=f"order-{i}", provider_message_id=message_id)
 
         before, receiver_before, started = schedstat.read(), receiver.cpu(), time.perf_counter()
@@ -211,7 +236,7 @@ async def bare_run(receiver: ReceiverProcess, *, sends: int, endpoints: int) -> 
         theirs = _receiver_shares(receiver, receiver_before, seconds)
     requests, distinct = receiver.requests()
     if (requests, distinct) != (sends, sends):
-        raise SystemExit(f"webhook_bench: the bare client's {sends} sends made {requests}")
+        raise SystemExit(f"webhook_bench: the bare {client} client's {sends} sends made {requests}")
     return Round(rate=sends / seconds, shares=f"{ours} {theirs}".strip())
 
 
@@ -220,21 +245,23 @@ async def bench(base: Settings, receiver: ReceiverProcess, args: argparse.Namesp
     assert task is not None
     # SIGTERM cancels the bench, so the run's schema and queues are dropped on the way out.
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    worker: list[float] = []
-    bare: list[float] = []
+    rates: dict[str, list[float]] = {"worker": [], "bare": [], "bare_httpx": []}
     sends = args.sends - args.sends % args.endpoints
+    order = list(rates)
     for n in range(args.runs):
-        sides = ["bare", "worker"] if n % 2 == 0 else ["worker", "bare"]
-        for side in sides:
-            if side == "bare":
-                done = await bare_run(receiver, sends=sends, endpoints=args.endpoints)
-                bare.append(done.rate)
-            else:
+        for side in order[n % 3 :] + order[: n % 3]:  # each side first, second and third in turn
+            if side == "worker":
                 done = await worker_run(base, receiver, sends=sends, endpoints=args.endpoints)
-                worker.append(done.rate)
+            else:
+                client = "httpx" if side == "bare_httpx" else "aiohttp"
+                done = await bare_run(
+                    receiver, sends=sends, endpoints=args.endpoints, client=client
+                )
+            rates[side].append(done.rate)
             say(f"round {n + 1}: {side} {done.rate:,.0f} sends/s {done.shares}".rstrip())
-    w, b = statistics.median(worker), statistics.median(bare)
-    # Each round's two sides share its weather: the median of their ratios, beside
+    worker, bare = rates["worker"], rates["bare"]
+    w, b, h = (statistics.median(rates[side]) for side in order)
+    # Each round's sides share its weather: the median of their ratios, beside
     # the ratio of the medians, says whether a busy machine moved the latter.
     paired = statistics.median(x / y for x, y in zip(worker, bare, strict=True))
     shape = (
@@ -245,8 +272,9 @@ async def bench(base: Settings, receiver: ReceiverProcess, args: argparse.Namesp
         f" receiver answering after {args.latency_ms:g} ms; medians of {args.runs} rounds"
     )
     say(
-        f"webhook_bench: worker={w:.0f} bare={b:.0f} ratio={w / b:.2f} paired={paired:.2f}"
-        f" endpoints={args.endpoints} in_flight={IN_FLIGHT}"
+        f"webhook_bench: worker={w:.0f} bare={b:.0f} bare_httpx={h:.0f} ratio={w / b:.2f}"
+        f" paired={paired:.2f} ratio_httpx={w / h:.2f} endpoints={args.endpoints}"
+        f" in_flight={IN_FLIGHT}"
     )
 
 
