@@ -70,7 +70,8 @@ async def test_migrate_makes_the_existing_table_generation_0_while_old_workers_c
         claiming = asyncio.create_task(old_worker())
         while len(claimed) < 50:  # it claims before the migration starts
             await within(ANSWER_S, "the old worker's first claims", asyncio.sleep(0.01))
-        assert await migrate(conn, schema) == [10, 11, 12]
+        applied = await migrate(conn, schema)  # every later migration comes along too
+        assert applied[:3] == [10, 11, 12], applied
         migrated.set()
         await within(ANSWER_S, "the old worker's claims after the migration", claiming)
     finally:

@@ -212,6 +212,7 @@ async def bare_run(
 
             async def post(url: str, body: str, headers: dict[str, str]) -> None:
                 async with session.post(url, data=body, headers=headers) as response:
+                    # unbounded: here; the session's ClientTimeout(total=30) ends the whole call
                     await response.read()
                     response.raise_for_status()
 
