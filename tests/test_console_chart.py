@@ -90,8 +90,12 @@ async def test_the_page_draws_a_round_bucket_with_an_axis_of_times_and_counts(
 ) -> None:
     await declare(channel, queue_name, FAST_RETRY, settings.amqp)
     now_ms = int(time.time() * 1000)
-    for n, ago_s in enumerate((175, 60, 59, 0)):
-        headers = {"x-reason": "held_back", DEAD_LETTERED_AT_HEADER: now_ms - ago_s * 1000}
+    # Two letters in one 10 s bar (bars start on round times): 1 and 2 s into the
+    # bar that holds the time a minute ago, whatever the second the test starts at.
+    minute_ago_bar = (now_ms - 60_000) // 10_000 * 10_000
+    arrived = (now_ms - 175_000, minute_ago_bar + 1_000, minute_ago_bar + 2_000, now_ms)
+    for n, at_ms in enumerate(arrived):
+        headers = {"x-reason": "held_back", DEAD_LETTERED_AT_HEADER: at_ms}
         await publish(channel, dead_letter_queue(queue_name), f"order-{n}", {"n": n}, headers)
     tokens = await make_tokens(db, schema)
     async with (
