@@ -26,9 +26,9 @@ from consumers import api_job_body
 from dedupe import DbConnection
 from providers.fakes.payments import FakePayments
 from proving.chaos.channels.app import API_QUEUE
-from proving.chaos.channels.channel import ChannelFindings, ledger_rows, settled
+from proving.chaos.channels.channel import ChannelFindings, effect_job, ledger_rows, settled
 from proving.chaos.channels.payments import Payments
-from proving.chaos.workload import TENANTS, Job, JobKind, compact_json, duplicates_of
+from proving.chaos.workload import Job, duplicates_of
 from proving.crash_window import Death, Held, answers_lost, tally
 
 _SHARES = ((503, 0.02), (429, 0.02))
@@ -69,15 +69,7 @@ class ApiChannel:
             body = api_job_body(
                 Payments, {"amount": 100 + n, "currency": "usd", "customer": customer}
             )
-            planned.append(
-                Job(
-                    kind=JobKind.EFFECT,
-                    queue=self.queue,
-                    message_id=f"charge-{n}",
-                    tenant=TENANTS[n % len(TENANTS)],
-                    body=compact_json(body),
-                )
-            )
+            planned.append(effect_job(self.queue, n, f"charge-{n}", body))
         self.jobs = originals
         return planned + duplicates_of(planned, jobs - originals, rng)
 

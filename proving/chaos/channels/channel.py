@@ -18,10 +18,10 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Self
+from typing import Any, Protocol, Self
 
 from dedupe import DbConnection
-from proving.chaos.workload import Job
+from proving.chaos.workload import TENANTS, Job, JobKind, compact_json
 from proving.crash_window import Death, Tally
 from proving.deadlines import ANSWER_S
 
@@ -94,3 +94,14 @@ async def settled(db: DbConnection, queue: str, jobs: int) -> bool:
         timeout=ANSWER_S,
     )
     return row is not None and row["jobs"] >= jobs and row["open"] == 0
+
+
+def effect_job(queue: str, n: int, message_id: str, body: Mapping[str, Any]) -> Job:
+    """A plan's n-th original: an effect job of `queue`, the tenants taking turns."""
+    return Job(
+        kind=JobKind.EFFECT,
+        queue=queue,
+        message_id=message_id,
+        tenant=TENANTS[n % len(TENANTS)],
+        body=compact_json(body),
+    )

@@ -27,8 +27,8 @@ from consumers import email_job_body
 from dedupe import DbConnection
 from providers.fakes.smtp import FakeSmtp
 from proving.chaos.channels.app import EMAIL_QUEUE, smtp_settings
-from proving.chaos.channels.channel import ChannelFindings, ledger_rows, settled
-from proving.chaos.workload import TENANTS, Job, JobKind, compact_json, duplicates_of
+from proving.chaos.channels.channel import ChannelFindings, effect_job, ledger_rows, settled
+from proving.chaos.workload import Job, duplicates_of
 from proving.crash_window import Death, Held, answers_lost, tally
 
 GREYLISTED, DEAD = "greylisted", "dead"
@@ -71,15 +71,7 @@ class EmailChannel:
                 elif script == DEAD:
                     self.server.script(address, rcpt="550 5.1.1 No such user")
             body = email_job_body(to=to, subject=subject, text=f"Order {n} is on its way.")
-            planned.append(
-                Job(
-                    kind=JobKind.EFFECT,
-                    queue=self.queue,
-                    message_id=f"mail-{n}",
-                    tenant=TENANTS[n % len(TENANTS)],
-                    body=compact_json(body),
-                )
-            )
+            planned.append(effect_job(self.queue, n, f"mail-{n}", body))
         self.jobs = originals
         return planned + duplicates_of(planned, jobs - originals, rng)
 

@@ -40,13 +40,11 @@ from proving.chaos.channels.webhooks import WebhookChannel
 from proving.chaos.channels.webpush import WebPushChannel
 from proving.chaos.checker import count_stuck
 from proving.chaos.fleet import Fleet
+from proving.chaos.run import COUNT_DEADLINE_S, PREPARE_DEADLINE_S
 from proving.chaos.services import PrivatePostgres, PrivateRabbit, free_port, remove_tree
 from proving.chaos.workload import ResilientPublisher
 from proving.crash_window import Death, died
 from proving.deadlines import ANSWER_S, deadline, within
-
-PREPARE_DEADLINE_S = 60.0
-COUNT_DEADLINE_S = 120.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -36,8 +36,8 @@ from consumers.jobs.webhook_endpoints import secret_box
 from dedupe import DbConnection, WebhookEndpoints
 from providers.fakes.webhooks import ReceivedWebhook, ReceiverReply, WebhookReceiver
 from proving.chaos.channels.app import WEBHOOK_QUEUE
-from proving.chaos.channels.channel import ChannelFindings, ledger_rows, settled
-from proving.chaos.workload import TENANTS, Job, JobKind, compact_json, duplicates_of
+from proving.chaos.channels.channel import ChannelFindings, effect_job, ledger_rows, settled
+from proving.chaos.workload import TENANTS, Job, duplicates_of
 from proving.crash_window import (
     Death,
     Held,
@@ -115,15 +115,7 @@ class WebhookChannel:
             body = webhook_job_body(event_type=event, payload={"n": n, "amount": n * 7 % 1000})
             message_id = f"hook-{n}"
             self.events[(tenant, message_id)] = event
-            planned.append(
-                Job(
-                    kind=JobKind.EFFECT,
-                    queue=self.queue,
-                    message_id=message_id,
-                    tenant=tenant,
-                    body=compact_json(body),
-                )
-            )
+            planned.append(effect_job(self.queue, n, message_id, body))
         for endpoint in self.endpoints:
             if endpoint.path.endswith("/flaky"):
                 times = max(1, int(originals / len(TENANTS) * FLAKY_SHARE))

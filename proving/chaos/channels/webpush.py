@@ -34,8 +34,8 @@ from providers.fakes.env import fakes_env
 from providers.fakes.fcm import FakeFcm
 from providers.fakes.webpush import FakeWebPush, WebPushReply, WebPushRequest
 from proving.chaos.channels.app import WEBPUSH_QUEUE
-from proving.chaos.channels.channel import ChannelFindings, ledger_rows, settled
-from proving.chaos.workload import TENANTS, Job, JobKind, compact_json, duplicates_of
+from proving.chaos.channels.channel import ChannelFindings, effect_job, ledger_rows, settled
+from proving.chaos.workload import Job, duplicates_of
 from proving.crash_window import Death, Held, answers_lost, tally
 
 LOCAL = frozenset({"127.0.0.1"})
@@ -91,15 +91,7 @@ class WebPushChannel:
                 )
                 targets.append(made.target)
             body = push_job_body(targets=targets, title="Shipped", body=text, allow_hosts=LOCAL)
-            planned.append(
-                Job(
-                    kind=JobKind.EFFECT,
-                    queue=self.queue,
-                    message_id=f"web-{n}",
-                    tenant=TENANTS[n % len(TENANTS)],
-                    body=compact_json(body),
-                )
-            )
+            planned.append(effect_job(self.queue, n, f"web-{n}", body))
         self.jobs = originals
         return planned + duplicates_of(planned, jobs - originals, rng)
 
