@@ -123,13 +123,12 @@ class WorkerSettings:
 class RetentionSettings:
     """How long dedupe rows live, and what must fit in that time (retention.retry_horizon)."""
 
-    keep_days: float = 7.0  # claims and settled sends are deleted after this
+    keep_days: float = 7.0  # claims, settled sends and the rest are dropped after this
     # How long after a message's last retry a dead letter may still be
     # replayed safely: retention must cover the retry horizon plus this.
     replay_window_days: float = 3.0
     cleanup_interval_seconds: float | None = None  # `run` cleans up this often; None: never
-    cleanup_batch_size: int = 5_000
-    # A generation of claims is current this long; cleanup then rotates (dedupe.generations).
+    # A generation is current this long; cleanup then rotates (dedupe.generations).
     generation_hours: float = 24.0
 
     @property
@@ -301,7 +300,6 @@ class Settings:
                 cleanup_interval_seconds=(
                     float(env["IW_CLEANUP_INTERVAL"]) if env.get("IW_CLEANUP_INTERVAL") else None
                 ),
-                cleanup_batch_size=int(env.get("IW_CLEANUP_BATCH", "5000")),
                 generation_hours=float(env.get("IW_GENERATION_HOURS", "24")),
             ),
             metrics=MetricsSettings(

@@ -124,6 +124,12 @@ class SendLedger:
     def __init__(self, schema: str, owner: str) -> None:
         self.owner = owner
         self._table = f"{quote_ident(schema)}.send_ledger"
+        # The ledger's current generation (dedupe.generations), read once a statement:
+        # the column's default would read it once a row.
+        self._generation = (
+            f"(SELECT g.generation FROM {quote_ident(schema)}.dedupe_generations g"
+            " WHERE g.family = 'send_ledger' AND g.began_at IS NOT NULL AND g.ended_at IS NULL)"
+        )
 
     async def open(
         self,
@@ -138,10 +144,10 @@ class SendLedger:
         ordered = sorted(intents, key=lambda i: _lock_order(i.target))
         first = len(ordered) if leased is None else leased
         expiry: datetime = await tx.fetchval(
-            f"WITH written AS (INSERT INTO {self._table} (consumer, tenant, message_id,"
-            " target_index, channel, address, effect_id, collapse_id, status, lease_owner,"
-            " lease_expires_at, sends, first_sent_at)"
-            " SELECT c, t, m, i, p, tok, a::uuid, col,"
+            f"WITH written AS (INSERT INTO {self._table} (generation, consumer, tenant,"
+            " message_id, target_index, channel, address, effect_id, collapse_id, status,"
+            " lease_owner, lease_expires_at, sends, first_sent_at)"
+            f" SELECT {self._generation}, c, t, m, i, p, tok, a::uuid, col,"
             "  CASE WHEN i < $11 THEN 'sending' ELSE 'claimed' END,"
             "  CASE WHEN i < $11 THEN $9 END,"
             "  CASE WHEN i < $11 THEN now() + make_interval(secs => $10) END,"

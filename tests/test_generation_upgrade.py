@@ -1,16 +1,27 @@
-"""An existing deployment's processed_messages becomes generation 0 while claims go on."""
+"""An existing deployment's tables become generation 0 while claims and writes go on."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import asyncpg
 import pytest
 
-from dedupe import Claim, ClaimOutcome, DedupeKey, Inbox, generations, migrate, quote_ident
-from dedupe.generations import PROCESSED_MESSAGES
+from dedupe import (
+    Claim,
+    ClaimOutcome,
+    DedupeKey,
+    Inbox,
+    Retention,
+    cleanup,
+    generations,
+    migrate,
+    quote_ident,
+)
+from dedupe.generations import FAMILIES, PROCESSED_MESSAGES
 from proving.deadlines import ANSWER_S, within
 from tests.conftest import DATABASE_URL
 
@@ -92,3 +103,87 @@ async def test_migrate_makes_the_existing_table_generation_0_while_old_workers_c
     with pytest.raises(asyncpg.CheckViolationError, match="no partition"):
         await conn.fetchval(OLD_CLAIM, "late")
     assert await _claim(conn, schema, "old-17") is ClaimOutcome.DUPLICATE
+
+
+BEFORE_TABLE_GENERATIONS = 21  # every migration before the ledger, messages, outbox had them
+OLD_OUTBOX = "INSERT INTO outbox (queue, message_id, body) VALUES ('q', $1, '\\x00') RETURNING id"
+
+
+async def test_migrate_makes_the_ledger_messages_and_outbox_generation_0_while_writers_write(
+    old_deployment: tuple[asyncpg.Connection, str],
+) -> None:
+    """0022-0024 on tables holding rows, with a writer of the version before inserting;
+    then the first drop keeps exactly what must outlive it, with no DELETE."""
+    conn, schema = old_deployment
+    await migrate(conn, schema, upto=BEFORE_TABLE_GENERATIONS)
+    await conn.execute(
+        "INSERT INTO outbox (queue, message_id, body, published_at)"
+        " SELECT 'q', 'old-' || n, '\\x00', CASE WHEN n % 10 <> 0 THEN now() END"
+        " FROM generate_series(1, 1000) n;"
+        "INSERT INTO send_ledger (consumer, tenant, message_id, target_index, channel, address,"
+        " effect_id, collapse_id, status)"
+        " SELECT 'q', '', 'old-' || n, 0, 'ios', 't', gen_random_uuid(), 'c',"
+        "  CASE WHEN n % 10 = 0 THEN 'claimed' ELSE 'sent' END FROM generate_series(1, 1000) n;"
+        "INSERT INTO ingress_messages (id, tenant, queue, targets, status)"
+        " SELECT gen_random_uuid(), 't', 'q', 1, CASE WHEN n % 10 = 0 THEN 'queued' ELSE 'taken'"
+        "  END FROM generate_series(1, 1000) n"
+    )
+    writer = await asyncpg.connect(
+        DATABASE_URL, server_settings={"search_path": schema}, timeout=ANSWER_S
+    )
+    migrated = asyncio.Event()
+    ids: list[int] = []
+
+    async def old_relay_side() -> None:
+        """Inserts outbox rows the old way (no generation named) until some after 0024."""
+        after = 0
+        while after < 50:
+            ids.append(await writer.fetchval(OLD_OUTBOX, f"during-{len(ids)}"))
+            after += migrated.is_set()
+
+    try:
+        writing = asyncio.create_task(old_relay_side())
+        while len(ids) < 50:
+            await within(ANSWER_S, "the old writer's first rows", asyncio.sleep(0.01))
+        applied = await migrate(conn, schema)
+        assert applied == [22, 23, 24], applied
+        migrated.set()
+        await within(ANSWER_S, "the old writer's rows after the migration", writing)
+    finally:
+        await writer.close()
+    assert len(set(ids)) == len(ids) and ids == sorted(ids)  # the parent numbers on
+    for table, rows in (("outbox", 1000 + len(ids)), ("send_ledger", 1000)):
+        parts = await conn.fetch(
+            f"SELECT tableoid::regclass::text AS part, count(*) FROM {table} GROUP BY 1"
+        )
+        assert {r["part"]: r["count"] for r in parts} == {f"{table}_g0": rows}
+    await conn.execute("ANALYZE outbox_g0; ANALYZE send_ledger_g0; ANALYZE ingress_messages_g0")
+    await generations.rotate_together(conn, schema, FAMILIES)
+    await conn.execute(
+        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days' WHERE generation = 0"
+    )
+    await conn.execute(
+        "CREATE FUNCTION no_delete() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN RAISE EXCEPTION 'DELETE on %', TG_TABLE_NAME; END $$"
+    )
+    for family in FAMILIES:  # any DELETE statement on them fails
+        await conn.execute(
+            f"CREATE TRIGGER no_delete BEFORE DELETE ON {family.table}"
+            " FOR EACH STATEMENT EXECUTE FUNCTION no_delete()"
+        )
+    result = await cleanup(conn, schema, Retention(keep=timedelta(days=7)))
+    pending = 100 + len(ids)
+    assert (result.outbox, result.send_ledger, result.ingress_messages) == (900, 900, 900)
+    # The unsettled sends' jobs were claimed before (the fixture's claims): copied too.
+    assert result.moved == pending + 100 + 100 + 100
+    assert await conn.fetchval("SELECT count(*) FROM processed_messages_g1") == 100
+    for table, where, left in (
+        ("outbox", "published_at IS NULL", pending),
+        ("send_ledger", "status = 'claimed'", 100),
+        ("ingress_messages", "status = 'queued'", 100),
+    ):
+        kept = await conn.fetch(
+            f"SELECT tableoid::regclass::text AS part, ({where}) AS kept, count(*)"
+            f" FROM {table} GROUP BY 1, 2"
+        )
+        assert [tuple(r) for r in kept] == [(f"{table}_g1", True, left)]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from consumers import Settings, parse_push_job, push_job_body
 from dedupe import DbConnection, Messages, Retention, cleanup, generations, job_message_id
 from dedupe.fingerprint import is_plain
-from dedupe.generations import INGRESS_KEYS
+from dedupe.generations import FAMILIES
 from ingress.body import decode_body, validated
 from ingress.refusals import Refusal
 from ingress.settings import IngressSettings
@@ -339,19 +339,15 @@ async def test_keys_past_retention_are_forgotten_and_the_key_makes_a_new_message
 ) -> None:
     body = {**job(), "idempotency_key": "k-old"}
     first = (await http.post("/v1/messages", json=body)).json()["id"]
-    # k-old's generation of keys ends, k-young's is the next: as if 8 days apart.
-    await generations.rotate(db, schema, INGRESS_KEYS)
+    # k-old's generations (its key's, its message's) end, k-young's are the next: as if
+    # 8 days apart.
+    await generations.rotate_together(db, schema, FAMILIES)
     await db.execute(
-        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days'"
-        " WHERE family = 'ingress_idempotency_keys' AND generation = 0"
+        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days' WHERE generation = 0"
     )
-    await db.execute("ANALYZE ingress_idempotency_keys_g0")
     kept = (await http.post("/v1/messages", json={**job(), "idempotency_key": "k-young"})).json()
     await http.post(f"/v1/messages/{first}/cancel")  # not queued any more: may go too
-    await db.execute(
-        "UPDATE ingress_messages SET created_at = now() - interval '8 days' WHERE id = $1",
-        uuid.UUID(first),
-    )
+    await db.execute("ANALYZE ingress_idempotency_keys_g0; ANALYZE ingress_messages_g0")
     result = await cleanup(db, schema, Retention(keep=timedelta(days=7)))
     assert (result.ingress_keys, result.ingress_messages) == (1, 1)
     again = await http.post("/v1/messages", json=body)

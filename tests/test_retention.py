@@ -1,5 +1,5 @@
-"""Retention drops old generations of claims, deletes settled sends in batches, and keeps
-everything it must."""
+"""Retention drops old generations of every table, issues no DELETE, and keeps everything
+it must."""
 
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ import pytest
 from consumers import HandlerSpec, Publisher, RetentionSettings, RetryPolicy
 from consumers.retention.retry_horizon import retention_need, retry_horizon
 from dedupe import CleanerBusy, DbConnection, Retention, cleanup, generations
-from dedupe.generations import INGRESS_KEYS, PROCESSED_MESSAGES
+from dedupe.generations import FAMILIES
 from tests.apps.effects import FAST_RETRY
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
 from tests.support import ROOT, wait_declared, wait_for
 
 
 async def _seed(db: DbConnection) -> None:
-    """Generation 0 ended 8 days ago with 26 claims; generation 1, current, holds 5."""
+    """Generation 0 of every table ended 8 days ago, with 26 claims and a push job's 2
+    sends; generation 1, current, holds 5 claims."""
     schema = await db.fetchval("SELECT current_schema()")
     await db.execute(
         "INSERT INTO processed_messages (consumer, tenant, message_id, fingerprint, processed_at)"
@@ -33,16 +34,6 @@ async def _seed(db: DbConnection) -> None:
         "INSERT INTO processed_messages (consumer, tenant, message_id, fingerprint, processed_at)"
         " VALUES ('p', '', 'push-old', '\\x00', now() - interval '8 days')"
     )
-    await db.execute("ANALYZE processed_messages_g0")  # cleanup reports the planner's count
-    await generations.rotate(db, schema, PROCESSED_MESSAGES)
-    await generations.rotate(db, schema, INGRESS_KEYS)
-    await db.execute(
-        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days' WHERE generation = 0"
-    )
-    await db.execute(
-        "INSERT INTO processed_messages (generation, consumer, tenant, message_id, fingerprint)"
-        " SELECT 1, 'q', '', 'new-' || n, '\\x00' FROM generate_series(1, 5) n"
-    )
     await db.execute(
         "INSERT INTO send_ledger (consumer, tenant, message_id, target_index, channel, address,"
         " effect_id, collapse_id, status, created_at) VALUES"
@@ -51,30 +42,66 @@ async def _seed(db: DbConnection) -> None:
         " ('p', '', 'push-old', 1, 'ios', 't1', gen_random_uuid(), 'c', 'claimed',"
         "  now() - interval '8 days')"
     )
+    # cleanup reports the planner's count of the rows it drops
+    await db.execute("ANALYZE processed_messages_g0; ANALYZE send_ledger_g0")
+    await generations.rotate_together(db, schema, FAMILIES)
+    await db.execute(
+        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days' WHERE generation = 0"
+    )
+    await db.execute(
+        "INSERT INTO processed_messages (generation, consumer, tenant, message_id, fingerprint)"
+        " SELECT 1, 'q', '', 'new-' || n, '\\x00' FROM generate_series(1, 5) n"
+    )
 
 
-async def test_cleanup_drops_the_expired_generation_and_keeps_the_rest(
+async def _forbid_delete(db: DbConnection) -> None:
+    """Every DELETE statement against a table kept in generations fails from now on."""
+    await db.execute(
+        "CREATE FUNCTION no_delete() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN RAISE EXCEPTION 'DELETE on %', TG_TABLE_NAME; END $$"
+    )
+    for family in FAMILIES:
+        await db.execute(
+            f"CREATE TRIGGER no_delete BEFORE DELETE ON {family.table}"
+            " FOR EACH STATEMENT EXECUTE FUNCTION no_delete()"
+        )
+
+
+async def test_the_delete_guard_of_these_tests_fails_a_delete(db: DbConnection) -> None:
+    await _forbid_delete(db)
+    with pytest.raises(asyncpg.RaiseError, match="DELETE on outbox"):
+        await db.execute("DELETE FROM outbox WHERE published_at IS NOT NULL")
+
+
+async def test_cleanup_drops_the_expired_generations_and_keeps_the_rest(
     db: DbConnection, schema: str
 ) -> None:
     await _seed(db)
+    await _forbid_delete(db)
     seen = []
-    result = await cleanup(db, schema, Retention(batch_size=10), progress=lambda r: seen.append(r))
+    result = await cleanup(db, schema, Retention(), progress=lambda r: seen.append(r))
     assert result.processed_messages == 25
-    assert result.generations_dropped == 1
+    assert result.generations_dropped == 1  # of the claims; every table dropped its own
     assert result.send_ledger == 1
-    assert seen  # progress was reported
+    assert result.moved == 2  # the unsettled send, and its job's claim
+    assert len(seen) == len(FAMILIES)  # progress was reported, a generation at a time
     left = await db.fetch(
         "SELECT message_id, generation FROM processed_messages ORDER BY message_id"
     )
-    # The unsettled push job's claim moved to the current generation.
+    # The unsettled push job's claim moved to the current generation, its send too.
     assert [tuple(r) for r in left] == [(f"new-{n}", 1) for n in (1, 2, 3, 4, 5)] + [
         ("push-old", 1)
     ]
-    statuses = await db.fetch("SELECT status FROM send_ledger")
-    assert [r["status"] for r in statuses] == ["claimed"]
+    sends = await db.fetch("SELECT tableoid::regclass::text AS part, status FROM send_ledger")
+    assert [tuple(r) for r in sends] == [("send_ledger_g1", "claimed")]
+    gone = await db.fetchval(
+        "SELECT count(*) FROM pg_class WHERE relname LIKE '%\\_g0' AND relnamespace ="
+        " current_schema()::regnamespace"
+    )
+    assert gone == 0  # every generation 0 is dropped, its table and indexes with it
 
 
-async def test_cleanup_deletes_old_published_outbox_rows_and_keeps_pending_ones(
+async def test_cleanup_drops_old_published_outbox_rows_and_keeps_pending_ones(
     db: DbConnection, schema: str
 ) -> None:
     await db.execute(
@@ -84,23 +111,34 @@ async def test_cleanup_deletes_old_published_outbox_rows_and_keeps_pending_ones(
     )
     await db.execute(
         "INSERT INTO outbox (queue, message_id, body, created_at, published_at) VALUES"
-        " ('q', 'old-pending', '\\x00', now() - interval '30 days', NULL),"
-        " ('q', 'new-published', '\\x00', now(), now())"
+        " ('q', 'old-pending', '\\x00', now() - interval '30 days', NULL)"
     )
-    result = await cleanup(db, schema, Retention(batch_size=5))
-    assert result.outbox == 12
-    left = await db.fetch("SELECT message_id FROM outbox ORDER BY message_id")
-    assert [r["message_id"] for r in left] == ["new-published", "old-pending"]
+    await db.execute("ANALYZE outbox_g0")
+    await generations.rotate_together(db, schema, FAMILIES)
+    await db.execute(
+        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days' WHERE generation = 0"
+    )
+    await db.execute(
+        "INSERT INTO outbox (queue, message_id, body, published_at)"
+        " VALUES ('q', 'new-published', '\\x00', now())"
+    )
+    await _forbid_delete(db)
+    result = await cleanup(db, schema, Retention())
+    assert (result.outbox, result.moved) == (12, 1)
+    left = await db.fetch("SELECT message_id, generation FROM outbox ORDER BY message_id")
+    assert [tuple(r) for r in left] == [("new-published", 1), ("old-pending", 1)]
 
 
 async def test_cleanup_command_reports_what_it_deleted(db: DbConnection, schema: str) -> None:
     await _seed(db)
     # The send API's rows: 3 old keys, their 3 messages of which one is still queued.
     await db.execute(
-        "INSERT INTO ingress_messages (id, tenant, queue, targets, status, created_at)"
-        " SELECT gen_random_uuid(), 't', 'q', 1, CASE WHEN n = 1 THEN 'queued' ELSE 'taken' END,"
+        "INSERT INTO ingress_messages (generation, id, tenant, queue, targets, status, created_at)"
+        " SELECT 0, gen_random_uuid(), 't', 'q', 1,"
+        "  CASE WHEN n = 1 THEN 'queued' ELSE 'taken' END,"
         "  now() - interval '8 days' FROM generate_series(1, 3) n"
     )
+    await db.execute("ANALYZE ingress_messages_g0")
     await db.execute(
         "INSERT INTO ingress_idempotency_keys_g0"
         " (generation, tenant, idempotency_key, fingerprint, message_id, created_at)"
@@ -109,7 +147,7 @@ async def test_cleanup_command_reports_what_it_deleted(db: DbConnection, schema:
     )
     await db.execute("ANALYZE ingress_idempotency_keys_g0")
     done = subprocess.run(
-        [sys.executable, "-m", "consumers", "cleanup", "--keep-days", "7", "--batch-size", "7"],
+        [sys.executable, "-m", "consumers", "cleanup", "--keep-days", "7"],
         env={"DATABASE_URL": DATABASE_URL, "DATABASE_SCHEMA": schema, "PATH": "/usr/bin"},
         cwd=ROOT,
         capture_output=True,
@@ -120,7 +158,7 @@ async def test_cleanup_command_reports_what_it_deleted(db: DbConnection, schema:
     assert done.returncode == 0, done.stderr
     assert (
         f"cleanup: schema={schema} older_than=7.0d processed_messages=25 generations_dropped=1"
-        " generation=1 send_ledger=1 outbox=0 ingress_keys=3 ingress_messages=2"
+        " generation=1 send_ledger=1 outbox=0 ingress_keys=3 ingress_messages=2 moved=3"
     ) in done.stdout
 
 
@@ -248,21 +286,3 @@ async def test_a_cleaner_told_to_wait_runs_once_the_other_is_done(
     out, _ = waiting.communicate(timeout=60)
     assert waiting.returncode == 0
     assert "processed_messages=25" in out
-
-
-async def test_cleanup_deletes_rows_stored_out_of_time_order(db: DbConnection, schema: str) -> None:
-    """Newer rows first on disk: the time cursor steps past the older ones, the last pass not."""
-    for age_days, count in ((9, 30), (20, 30), (1, 10)):
-        await db.execute(
-            "INSERT INTO outbox (queue, message_id, body, created_at, published_at)"
-            " SELECT 'q', $1 || '-' || n, '\\x00',"
-            "  now() - $2 * interval '1 day' + n * interval '1 second', now()"
-            " FROM generate_series(1, $3) n",
-            f"age{age_days}",
-            age_days,
-            count,
-        )
-    result = await cleanup(db, schema, Retention(batch_size=10))
-    assert result.outbox == 60
-    left = await db.fetchval("SELECT count(*) FROM outbox WHERE message_id LIKE 'age1-%'")
-    assert left == await db.fetchval("SELECT count(*) FROM outbox") == 10

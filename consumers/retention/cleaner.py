@@ -1,7 +1,7 @@
 """Retention cleanup: the `cleanup` command, and the periodic one inside `run`.
 
-Both go through `dedupe.cleanup` (claims rotate and leave by whole
-generations, the other tables by batched DELETE), one cleaner per schema at a time (an
+Both go through `dedupe.cleanup` (every table that grows with traffic rotates
+and leaves by whole generations, never by DELETE), one cleaner per schema at a time (an
 advisory lock): a second one says so and returns. A retention shorter than
 the retry horizon plus the replay window (`consumers.retention.retry_horizon`) is refused:
 by `cleanup` for its `--keep-days`, by `run` before it starts.
@@ -33,15 +33,12 @@ log = structlog.get_logger(__name__)
 def register(sub: Any) -> None:
     """Add `cleanup` to the CLI's subcommands."""
     said = (
-        "rotate and drop generations of claims and keys past retention, delete other rows"
-        " in batches, one cleaner per schema at a time"
+        "rotate the dedupe tables' generations and drop those past retention (no DELETE),"
+        " one cleaner per schema at a time"
     )
     clean = sub.add_parser("cleanup", help=said, description=said)
     clean.add_argument(
         "--keep-days", type=float, default=None, help="default: IW_RETENTION_DAYS (7)"
-    )
-    clean.add_argument(
-        "--batch-size", type=int, default=None, help="rows a transaction (IW_CLEANUP_BATCH)"
     )
     clean.add_argument(
         "--app", metavar="MODULE:APP", help="check --keep-days against this app's retry policies"
@@ -63,11 +60,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     specs = load_app(args.app, app_dir=args.app_dir).specs if args.app else {}
     need = retention_need(specs, settings.retention, RetryPolicy())
     check_retention(keep, need, setting="--keep-days")
-    retention = Retention(
-        keep=keep,
-        batch_size=args.batch_size or settings.retention.cleanup_batch_size,
-        rotate_every=settings.retention.generation_span,
-    )
+    retention = Retention(keep=keep, rotate_every=settings.retention.generation_span)
     schema = settings.database.schema
     conn = await asyncpg.connect(settings.database.url)
     try:
@@ -76,8 +69,10 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
             schema,
             retention,
             progress=lambda r: print(
-                f"cleanup: deleted so far: send_ledger={r.send_ledger} outbox={r.outbox}"
-                f" ingress_messages={r.ingress_messages}",
+                f"cleanup: generations dropped so far: {r.generations_dropped}"
+                f" (rows: processed_messages={r.processed_messages} send_ledger={r.send_ledger}"
+                f" outbox={r.outbox} ingress_keys={r.ingress_keys}"
+                f" ingress_messages={r.ingress_messages}; moved={r.moved})",
                 flush=True,
             ),
             wait=args.wait,
@@ -93,6 +88,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         f" generations_dropped={result.generations_dropped} generation={result.generation}"
         f" send_ledger={result.send_ledger} outbox={result.outbox}"
         f" ingress_keys={result.ingress_keys} ingress_messages={result.ingress_messages}"
+        f" moved={result.moved}"
     )
     return 0
 
@@ -102,9 +98,7 @@ async def clean_periodically(settings: Settings) -> None:
     interval = settings.retention.cleanup_interval_seconds
     assert interval is not None and interval > 0
     retention = Retention(
-        keep=settings.retention.keep,
-        batch_size=settings.retention.cleanup_batch_size,
-        rotate_every=settings.retention.generation_span,
+        keep=settings.retention.keep, rotate_every=settings.retention.generation_span
     )
     while True:
         await asyncio.sleep(interval * random.uniform(0.75, 1.0))
@@ -125,7 +119,7 @@ async def clean_periodically(settings: Settings) -> None:
                 outbox=result.outbox,
                 ingress_keys=result.ingress_keys,
                 ingress_messages=result.ingress_messages,
-                batches=result.batches,
+                moved=result.moved,
             )
 
 
