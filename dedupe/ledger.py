@@ -130,6 +130,8 @@ class SendLedger:
             f"(SELECT g.generation FROM {quote_ident(schema)}.dedupe_generations g"
             " WHERE g.family = 'send_ledger' AND g.began_at IS NOT NULL AND g.ended_at IS NULL)"
         )
+        self._record_current = _record_sql(self._table, self._generation)
+        self._record_any = _record_sql(self._table, None)
 
     async def open(
         self,
@@ -294,25 +296,21 @@ class SendLedger:
         if not results:
             return []
         ordered = sorted(results, key=lambda r: _lock_order(r.target))
-        # The lease is checked, and the row locked, by one primary-key probe per
-        # answer (LATERAL ... LIMIT 1): a filter on status and lease_owner in the
-        # join itself let a planner with stale statistics (a fan-out burst leases
-        # thousands of rows between two autovacuum runs) expect one such row and
-        # rescan the whole table for every answer. Locked, a row keeps its lease
-        # until the UPDATE, which then needs no second check.
+        # Most answers are for rows of the ledger's current generation: looked up there
+        # first, one primary key probe each; the others (a job written before the last
+        # rotation, a lease lost) then in every generation.
+        recorded = await self._record(tx, ordered, self._record_current)
+        if len(recorded) < len(ordered):
+            done = set(recorded)
+            rest = [n for n in range(len(ordered)) if n not in done]
+            again = await self._record(tx, [ordered[n] for n in rest], self._record_any)
+            recorded += [rest[n] for n in again]
+        return [ordered[n].target for n in sorted(recorded)]
+
+    async def _record(self, tx: DbConnection, ordered: Sequence[SendResult], sql: str) -> list[int]:
+        """`record` in the generations `sql` looks in; the places in `ordered` recorded."""
         rows = await tx.fetch(
-            "WITH mine AS MATERIALIZED (SELECT x.*"
-            " FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[],"
-            "  $6::text[], $7::text[]) WITH ORDINALITY AS x(c, t, m, i, s, pid, why, n)"
-            f" CROSS JOIN LATERAL (SELECT FROM {self._table} r"
-            "  WHERE (r.consumer, r.tenant, r.message_id, r.target_index) = (x.c, x.t, x.m, x.i)"
-            "  AND r.status = 'sending' AND r.lease_owner = $8 LIMIT 1 FOR UPDATE) AS r)"
-            f" UPDATE {self._table} o SET status = x.s, provider_message_id = x.pid,"
-            " failure_reason = x.why, lease_owner = NULL, lease_expires_at = NULL,"
-            " updated_at = now()"
-            " FROM mine AS x"
-            " WHERE (o.consumer, o.tenant, o.message_id, o.target_index) = (x.c, x.t, x.m, x.i)"
-            " RETURNING x.n",  # the answer's place in `ordered`: no key read back
+            sql,
             [r.target.key.consumer for r in ordered],
             [r.target.key.tenant for r in ordered],
             [r.target.key.message_id for r in ordered],
@@ -322,7 +320,33 @@ class SendLedger:
             [r.failure_reason for r in ordered],
             self.owner,
         )
-        return [ordered[r[0] - 1].target for r in rows]
+        return [r[0] - 1 for r in rows]
+
+
+def _record_sql(table: str, generation: str | None) -> str:
+    """`record`'s statement, in `table`'s generation `generation` (SQL; None: any)."""
+    # The lease is checked, and the row locked, by one primary-key probe per
+    # answer (LATERAL ... LIMIT 1): a filter on status and lease_owner in the
+    # join itself let a planner with stale statistics (a fan-out burst leases
+    # thousands of rows between two autovacuum runs) expect one such row and
+    # rescan the whole table for every answer. Locked, a row keeps its lease
+    # until the UPDATE, which then needs no second check.
+    only = "" if generation is None else f"r.generation = {generation} AND"
+    return (
+        "WITH mine AS MATERIALIZED (SELECT x.*, r.generation"
+        " FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[],"
+        "  $6::text[], $7::text[]) WITH ORDINALITY AS x(c, t, m, i, s, pid, why, n)"
+        f" CROSS JOIN LATERAL (SELECT r.generation FROM {table} r WHERE {only}"
+        " (r.consumer, r.tenant, r.message_id, r.target_index) = (x.c, x.t, x.m, x.i)"
+        "  AND r.status = 'sending' AND r.lease_owner = $8 LIMIT 1 FOR UPDATE) AS r)"
+        f" UPDATE {table} o SET status = x.s, provider_message_id = x.pid,"
+        " failure_reason = x.why, lease_owner = NULL, lease_expires_at = NULL,"
+        " updated_at = now()"
+        " FROM mine AS x"
+        " WHERE o.generation = x.generation"  # one partition's primary key a row
+        " AND (o.consumer, o.tenant, o.message_id, o.target_index) = (x.c, x.t, x.m, x.i)"
+        " RETURNING x.n"  # the answer's place in `ordered`: no key read back
+    )
 
 
 def _lock_order(target: TargetKey) -> tuple[str, str, str, int]:

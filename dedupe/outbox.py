@@ -9,7 +9,7 @@ published. The statements here are the relay's too:
 - `claim(tx, limit)`: pending rows, oldest first, `FOR UPDATE SKIP LOCKED`,
   so several relays share the rows and never hold the same one; the locks
   last as long as the relay's transaction;
-- `mark_published(tx, ids)` and `postpone(tx, failures)`: what became of
+- `mark_published(tx, rows)` and `postpone(tx, failures)`: what became of
   them, committed with the claim's transaction.
 
 There is no `id > last_seen` cursor anywhere: ids are handed out at INSERT and
@@ -46,6 +46,7 @@ class OutboxRow:
     headers: Mapping[str, str]
     body: bytes
     attempts: int
+    generation: int = 0  # the outbox's generation it is in (dedupe.generations)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,13 +78,15 @@ class Outbox:
         """One row's INSERT, for `executemany` with the arguments of `row_args`."""
         self._insert = f"{self.insert_sql} RETURNING id"
         self._claim = (
-            f"SELECT id, {columns}, attempts FROM {table}"
+            f"SELECT id, {columns}, attempts, generation FROM {table}"
             " WHERE published_at IS NULL AND available_at <= now()"
             " ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
         )
-        # clock_timestamp(), not now(): when the confirms were in, not when the claim began
+        # clock_timestamp(), not now(): when the confirms were in, not when the claim began.
+        # The rows' generations: one primary key probed a row, not every generation's.
         self._mark = (
-            f"UPDATE {table} SET published_at = clock_timestamp() WHERE id = ANY($1::bigint[])"
+            f"UPDATE {table} SET published_at = clock_timestamp()"
+            " WHERE generation = ANY($2::int[]) AND id = ANY($1::bigint[])"
         )
         self._postpone = (
             f"UPDATE {table} o SET attempts = o.attempts + 1, last_error = f.error,"
@@ -145,13 +148,14 @@ class Outbox:
                 headers=json.loads(r[4]) if r[4] is not None else {},
                 body=bytes(r[5]),
                 attempts=r[6],
+                generation=r[7],
             )
             for r in rows
         ]
 
-    async def mark_published(self, tx: DbConnection, ids: Sequence[int]) -> None:
-        if ids:
-            await tx.execute(self._mark, list(ids))
+    async def mark_published(self, tx: DbConnection, rows: Sequence[OutboxRow]) -> None:
+        if rows:
+            await tx.execute(self._mark, [r.id for r in rows], sorted({r.generation for r in rows}))
 
     async def postpone(self, tx: DbConnection, failures: Sequence[PublishFailure]) -> None:
         """Leave rows pending, not to be claimed again before their delay."""

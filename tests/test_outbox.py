@@ -59,7 +59,7 @@ async def test_two_relays_claiming_at_once_never_hold_the_same_row(
             second = await outbox.claim(other, 6)
             assert [r.message_id for r in first] == [f"m{n}" for n in range(6)]
             assert [r.message_id for r in second] == [f"m{n}" for n in range(6, 10)]
-            await outbox.mark_published(other, [r.id for r in second])
+            await outbox.mark_published(other, second)
         # the first relay's transaction ended without marking: its rows are pending again
         async with db.transaction():
             again = await outbox.claim(db, 100)

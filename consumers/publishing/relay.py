@@ -144,7 +144,7 @@ class Relay:
         try:
             errors = await self._publisher.publish_many([_job(r) for r in rows])  # 2.
             self.faults.reached(CrashPoint.AFTER_PUBLISH)
-            confirmed = [r.id for r, e in zip(rows, errors, strict=True) if e is None]
+            confirmed = [r for r, e in zip(rows, errors, strict=True) if e is None]
             failures = [
                 _postponed(r, e) for r, e in zip(rows, errors, strict=True) if e is not None
             ]

@@ -83,13 +83,13 @@ async def _expired_generation(conn: asyncpg.Connection, schema: str, rows: int) 
     """`rows` rows a table in the current generations, then rotated and aged past retention."""
     q = quote_ident(schema)
     number = (await generations.current(conn, schema, PROCESSED_MESSAGES)).number
-    await conn.execute(f"SET search_path TO {q}")
+    await conn.execute(f"SET search_path TO {q}", timeout=ANSWER_S)
     for statement in _FILL:
         await conn.execute(statement, rows, KEPT, number, CONSUMER, TENANT, timeout=SETUP_TIMEOUT_S)
     for family in FAMILIES:
         part = f"{q}.{quote_ident(family.partition(number))}"
         await conn.execute(f"VACUUM ANALYZE {part}", timeout=SETUP_TIMEOUT_S)
-    await conn.execute("RESET search_path")
+    await conn.execute("RESET search_path", timeout=ANSWER_S)
     await generations.rotate_together(conn, schema, FAMILIES)
     await conn.execute(
         f"UPDATE {q}.dedupe_generations SET ended_at = now() - interval '8 days'"
