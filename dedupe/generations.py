@@ -138,6 +138,16 @@ OUTBOX = Family(
 FAMILIES = (SEND_LEDGER, INGRESS_MESSAGES, OUTBOX, PROCESSED_MESSAGES, INGRESS_KEYS)
 
 
+def current_sql(schema: str, family: Family) -> str:
+    """A scalar subquery of `family`'s current generation: read once a statement, where a
+    writer names the generation of what it writes (the column's default, a function
+    call, would read it once a row)."""
+    return (
+        f"(SELECT g.generation FROM {quote_ident(schema)}.dedupe_generations g"
+        f" WHERE g.family = '{family.table}' AND g.began_at IS NOT NULL AND g.ended_at IS NULL)"
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Generation:
     number: int
@@ -297,9 +307,8 @@ async def drop(conn: DbConnection, schema: str, family: Family, number: int) -> 
         # Row movement: a writer that locks a moved row meanwhile gets a
         # serialization failure and retries, finding it in the current generation.
         status = await conn.execute(
-            f"UPDATE {parent} SET generation = {q}.dedupe_generation($1)"
-            f" WHERE generation = $2 AND {family.outlives}",
-            family.table,
+            f"UPDATE {parent} SET generation = {current_sql(schema, family)}"
+            f" WHERE generation = $1 AND {family.outlives}",
             number,
         )
         moved = int(status.split()[-1])  # "UPDATE n"

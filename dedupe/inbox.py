@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from dedupe.connection import DbConnection
+from dedupe.generations import PROCESSED_MESSAGES, current_sql
 from dedupe.migrate import quote_ident
 
 
@@ -136,9 +137,7 @@ class Inbox:
             f"DELETE FROM {q}.processed_messages p"
             " USING unnest($1::text[], $2::text[], $3::text[]) AS k(consumer, tenant, message_id)"
             " WHERE (p.consumer, p.tenant, p.message_id) = (k.consumer, k.tenant, k.message_id)"
-            f" AND p.generation = (SELECT g.generation FROM {q}.dedupe_generations g"
-            "  WHERE g.family = 'processed_messages' AND g.began_at IS NOT NULL"
-            "  AND g.ended_at IS NULL)",
+            f" AND p.generation = {current_sql(self.schema, PROCESSED_MESSAGES)}",
             [k.consumer for k in keys],
             [k.tenant for k in keys],
             [k.message_id for k in keys],

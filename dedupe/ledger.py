@@ -39,6 +39,7 @@ from enum import StrEnum
 import asyncpg
 
 from dedupe.connection import DbConnection
+from dedupe.generations import SEND_LEDGER, current_sql
 from dedupe.inbox import DedupeKey
 from dedupe.migrate import quote_ident
 
@@ -124,12 +125,7 @@ class SendLedger:
     def __init__(self, schema: str, owner: str) -> None:
         self.owner = owner
         self._table = f"{quote_ident(schema)}.send_ledger"
-        # The ledger's current generation (dedupe.generations), read once a statement:
-        # the column's default would read it once a row.
-        self._generation = (
-            f"(SELECT g.generation FROM {quote_ident(schema)}.dedupe_generations g"
-            " WHERE g.family = 'send_ledger' AND g.began_at IS NOT NULL AND g.ended_at IS NULL)"
-        )
+        self._generation = current_sql(schema, SEND_LEDGER)
         self._record_current = _record_sql(self._table, self._generation)
         self._record_any = _record_sql(self._table, None)
 

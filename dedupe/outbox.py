@@ -29,6 +29,7 @@ from typing import Any
 
 from dedupe.connection import DbConnection
 from dedupe.errors import NotInTransaction
+from dedupe.generations import OUTBOX, current_sql
 from dedupe.migrate import quote_ident
 
 NOTIFY_CHANNEL = "idempotent_workers_outbox"
@@ -74,14 +75,9 @@ class Outbox:
         self.schema = schema
         table = f"{quote_ident(schema)}.outbox"
         columns = "queue, tenant, message_id, headers, body"
-        # The current generation (dedupe.generations) in the statement itself: the
-        # column's default calls a function a row, about a third more a row.
-        generation = (
-            f"(SELECT g.generation FROM {quote_ident(schema)}.dedupe_generations g"
-            " WHERE g.family = 'outbox' AND g.began_at IS NOT NULL AND g.ended_at IS NULL)"
-        )
         self.insert_sql = (
-            f"INSERT INTO {table} (generation, {columns}) VALUES ({generation}, $1, $2, $3, $4, $5)"
+            f"INSERT INTO {table} (generation, {columns})"
+            f" VALUES ({current_sql(schema, OUTBOX)}, $1, $2, $3, $4, $5)"
         )
         """One row's INSERT, for `executemany` with the arguments of `row_args`."""
         self._insert = f"{self.insert_sql} RETURNING id"

@@ -193,8 +193,8 @@ async def _keep_unsettled_pushes(conn: DbConnection, schema: str, number: int) -
         status = await conn.execute(
             f"INSERT INTO {q}.processed_messages"
             " (generation, consumer, tenant, message_id, fingerprint, processed_at)"
-            " SELECT g.generation, p.consumer, p.tenant, p.message_id, p.fingerprint,"
-            "  p.processed_at"
+            f" SELECT {generations.current_sql(schema, PROCESSED_MESSAGES)}, p.consumer,"
+            "  p.tenant, p.message_id, p.fingerprint, p.processed_at"
             f" FROM (SELECT DISTINCT consumer, tenant, message_id FROM {q}.send_ledger"
             f"  WHERE {UNSETTLED}) AS o"
             # One probe of the generation's primary key per unsettled job, whatever
@@ -203,9 +203,6 @@ async def _keep_unsettled_pushes(conn: DbConnection, schema: str, number: int) -
             f"  {q}.{quote_ident(PROCESSED_MESSAGES.partition(number))} x"
             "  WHERE (x.consumer, x.tenant, x.message_id) = (o.consumer, o.tenant, o.message_id)"
             "  LIMIT 1) AS p"
-            f" CROSS JOIN (SELECT generation FROM {q}.dedupe_generations"
-            "  WHERE family = $1 AND began_at IS NOT NULL AND ended_at IS NULL) AS g"
-            " ON CONFLICT DO NOTHING",
-            PROCESSED_MESSAGES.table,
+            " ON CONFLICT DO NOTHING"
         )
     return int(status.split()[-1])  # "INSERT 0 n"

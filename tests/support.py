@@ -19,6 +19,8 @@ import aio_pika
 from prometheus_client.parser import text_string_to_metric_families
 
 from consumers import dead_letter_queue
+from dedupe import DbConnection, generations
+from dedupe.generations import FAMILIES
 from proving.deadlines import ANSWER_S, deadline, within
 from proving.keptlogs import keep_log
 
@@ -323,3 +325,24 @@ async def no_message_ready(url: str, queue: str) -> bool:
     if counts is None:
         raise AssertionError(f"{queue} does not exist")
     return counts[0] == 0
+
+
+async def end_generation_0(db: DbConnection, schema: str) -> None:
+    """Every table's generation 0 ended 8 days ago (past a week's retention); 1 current."""
+    await generations.rotate_together(db, schema, FAMILIES)
+    await db.execute(
+        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days' WHERE generation = 0"
+    )
+
+
+async def forbid_delete(db: DbConnection) -> None:
+    """From now on every DELETE statement on a table kept in generations fails."""
+    await db.execute(
+        "CREATE FUNCTION no_delete() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN RAISE EXCEPTION 'DELETE on %', TG_TABLE_NAME; END $$"
+    )
+    for family in FAMILIES:
+        await db.execute(
+            f"CREATE TRIGGER no_delete BEFORE DELETE ON {family.table}"
+            " FOR EACH STATEMENT EXECUTE FUNCTION no_delete()"
+        )

@@ -21,9 +21,10 @@ from dedupe import (
     migrate,
     quote_ident,
 )
-from dedupe.generations import FAMILIES, PROCESSED_MESSAGES
+from dedupe.generations import PROCESSED_MESSAGES
 from proving.deadlines import ANSWER_S, within
 from tests.conftest import DATABASE_URL
+from tests.support import end_generation_0, forbid_delete
 
 BEFORE_GENERATIONS = 9  # every migration before processed_messages had generations (0010)
 OLD_ROWS = 20_000
@@ -158,19 +159,8 @@ async def test_migrate_makes_the_ledger_messages_and_outbox_generation_0_while_w
         )
         assert {r["part"]: r["count"] for r in parts} == {f"{table}_g0": rows}
     await conn.execute("ANALYZE outbox_g0; ANALYZE send_ledger_g0; ANALYZE ingress_messages_g0")
-    await generations.rotate_together(conn, schema, FAMILIES)
-    await conn.execute(
-        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days' WHERE generation = 0"
-    )
-    await conn.execute(
-        "CREATE FUNCTION no_delete() RETURNS trigger LANGUAGE plpgsql AS $$"
-        " BEGIN RAISE EXCEPTION 'DELETE on %', TG_TABLE_NAME; END $$"
-    )
-    for family in FAMILIES:  # any DELETE statement on them fails
-        await conn.execute(
-            f"CREATE TRIGGER no_delete BEFORE DELETE ON {family.table}"
-            " FOR EACH STATEMENT EXECUTE FUNCTION no_delete()"
-        )
+    await end_generation_0(conn, schema)
+    await forbid_delete(conn)
     result = await cleanup(conn, schema, Retention(keep=timedelta(days=7)))
     pending = 100 + len(ids)
     assert (result.outbox, result.send_ledger, result.ingress_messages) == (900, 900, 900)

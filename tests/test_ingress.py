@@ -15,14 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumers import Settings, parse_push_job, push_job_body
-from dedupe import DbConnection, Messages, Retention, cleanup, generations, job_message_id
+from dedupe import DbConnection, Messages, Retention, cleanup, job_message_id
 from dedupe.fingerprint import is_plain
-from dedupe.generations import FAMILIES
 from ingress.body import decode_body, validated
 from ingress.refusals import Refusal
 from ingress.settings import IngressSettings
 from providers import Platform, Target
 from tests.ingress_support import Served, serve_in_process
+from tests.support import end_generation_0
 
 IOS = Target(platform=Platform.IOS, token="ios-token-aaaaaaaaaaaa")
 ANDROID = Target(platform=Platform.ANDROID, token="android-token-cccccccc")
@@ -341,10 +341,7 @@ async def test_keys_past_retention_are_forgotten_and_the_key_makes_a_new_message
     first = (await http.post("/v1/messages", json=body)).json()["id"]
     # k-old's generations (its key's, its message's) end, k-young's are the next: as if
     # 8 days apart.
-    await generations.rotate_together(db, schema, FAMILIES)
-    await db.execute(
-        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days' WHERE generation = 0"
-    )
+    await end_generation_0(db, schema)
     kept = (await http.post("/v1/messages", json={**job(), "idempotency_key": "k-young"})).json()
     await http.post(f"/v1/messages/{first}/cancel")  # not queued any more: may go too
     await db.execute("ANALYZE ingress_idempotency_keys_g0; ANALYZE ingress_messages_g0")

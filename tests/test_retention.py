@@ -13,11 +13,11 @@ import pytest
 
 from consumers import HandlerSpec, Publisher, RetentionSettings, RetryPolicy
 from consumers.retention.retry_horizon import retention_need, retry_horizon
-from dedupe import CleanerBusy, DbConnection, Retention, cleanup, generations
+from dedupe import CleanerBusy, DbConnection, Retention, cleanup
 from dedupe.generations import FAMILIES
 from tests.apps.effects import FAST_RETRY
 from tests.conftest import AMQP_URL, DATABASE_URL, Spawn
-from tests.support import ROOT, wait_declared, wait_for
+from tests.support import ROOT, end_generation_0, forbid_delete, wait_declared, wait_for
 
 
 async def _seed(db: DbConnection) -> None:
@@ -44,31 +44,15 @@ async def _seed(db: DbConnection) -> None:
     )
     # cleanup reports the planner's count of the rows it drops
     await db.execute("ANALYZE processed_messages_g0; ANALYZE send_ledger_g0")
-    await generations.rotate_together(db, schema, FAMILIES)
-    await db.execute(
-        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days' WHERE generation = 0"
-    )
+    await end_generation_0(db, schema)
     await db.execute(
         "INSERT INTO processed_messages (generation, consumer, tenant, message_id, fingerprint)"
         " SELECT 1, 'q', '', 'new-' || n, '\\x00' FROM generate_series(1, 5) n"
     )
 
 
-async def _forbid_delete(db: DbConnection) -> None:
-    """Every DELETE statement against a table kept in generations fails from now on."""
-    await db.execute(
-        "CREATE FUNCTION no_delete() RETURNS trigger LANGUAGE plpgsql AS $$"
-        " BEGIN RAISE EXCEPTION 'DELETE on %', TG_TABLE_NAME; END $$"
-    )
-    for family in FAMILIES:
-        await db.execute(
-            f"CREATE TRIGGER no_delete BEFORE DELETE ON {family.table}"
-            " FOR EACH STATEMENT EXECUTE FUNCTION no_delete()"
-        )
-
-
 async def test_the_delete_guard_of_these_tests_fails_a_delete(db: DbConnection) -> None:
-    await _forbid_delete(db)
+    await forbid_delete(db)
     with pytest.raises(asyncpg.RaiseError, match="DELETE on outbox"):
         await db.execute("DELETE FROM outbox WHERE published_at IS NOT NULL")
 
@@ -77,7 +61,7 @@ async def test_cleanup_drops_the_expired_generations_and_keeps_the_rest(
     db: DbConnection, schema: str
 ) -> None:
     await _seed(db)
-    await _forbid_delete(db)
+    await forbid_delete(db)
     seen = []
     result = await cleanup(db, schema, Retention(), progress=lambda r: seen.append(r))
     assert result.processed_messages == 25
@@ -114,15 +98,12 @@ async def test_cleanup_drops_old_published_outbox_rows_and_keeps_pending_ones(
         " ('q', 'old-pending', '\\x00', now() - interval '30 days', NULL)"
     )
     await db.execute("ANALYZE outbox_g0")
-    await generations.rotate_together(db, schema, FAMILIES)
-    await db.execute(
-        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days' WHERE generation = 0"
-    )
+    await end_generation_0(db, schema)
     await db.execute(
         "INSERT INTO outbox (queue, message_id, body, published_at)"
         " VALUES ('q', 'new-published', '\\x00', now())"
     )
-    await _forbid_delete(db)
+    await forbid_delete(db)
     result = await cleanup(db, schema, Retention())
     assert (result.outbox, result.moved) == (12, 1)
     left = await db.fetch("SELECT message_id, generation FROM outbox ORDER BY message_id")
