@@ -329,20 +329,28 @@ async def no_message_ready(url: str, queue: str) -> bool:
 
 async def end_generation_0(db: DbConnection, schema: str) -> None:
     """Every table's generation 0 ended 8 days ago (past a week's retention); 1 current."""
-    await generations.rotate_together(db, schema, FAMILIES)
-    await db.execute(
-        "UPDATE dedupe_generations SET ended_at = now() - interval '8 days' WHERE generation = 0"
+    await within(
+        ANSWER_S, "a rotation of every table", generations.rotate_together(db, schema, FAMILIES)
+    )
+    await within(
+        ANSWER_S,
+        "generation 0's end moved back",
+        db.execute(
+            "UPDATE dedupe_generations SET ended_at = now() - interval '8 days'"
+            " WHERE generation = 0"
+        ),
     )
 
 
 async def forbid_delete(db: DbConnection) -> None:
     """From now on every DELETE statement on a table kept in generations fails."""
-    await db.execute(
+    triggers = [
         "CREATE FUNCTION no_delete() RETURNS trigger LANGUAGE plpgsql AS $$"
         " BEGIN RAISE EXCEPTION 'DELETE on %', TG_TABLE_NAME; END $$"
-    )
-    for family in FAMILIES:
-        await db.execute(
-            f"CREATE TRIGGER no_delete BEFORE DELETE ON {family.table}"
-            " FOR EACH STATEMENT EXECUTE FUNCTION no_delete()"
-        )
+    ] + [
+        f"CREATE TRIGGER no_delete BEFORE DELETE ON {family.table}"
+        " FOR EACH STATEMENT EXECUTE FUNCTION no_delete()"
+        for family in FAMILIES
+    ]
+    for statement in triggers:
+        await within(ANSWER_S, "the DELETE guard's triggers", db.execute(statement))
